@@ -1,0 +1,28 @@
+"""paraplan: how to split LLM training across GPUs, and how fast it will run.
+
+Stable API (see DESIGN.md): ``ModelSpec, ClusterSpec, TrainingSpec, ParallelPlan, load_model,
+load_cluster`` (and ``simulate``, ``search`` once the simulator and searchers land).
+"""
+
+from paraplan.specs import (
+    ClusterSpec,
+    GPUSpec,
+    LinkSpec,
+    ModelSpec,
+    ParallelPlan,
+    SpecError,
+    Topology,
+    TrainingSpec,
+    check_plan,
+    list_profiles,
+    load_cluster,
+    load_model,
+    parse_plan,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterSpec", "GPUSpec", "LinkSpec", "ModelSpec", "ParallelPlan", "SpecError", "Topology",
+    "TrainingSpec", "check_plan", "list_profiles", "load_cluster", "load_model", "parse_plan",
+]

@@ -1,0 +1,294 @@
+"""GPU, Link and Cluster specs.
+
+A cluster is one or more *node groups* (a GPU type, GPUs per node, node count, the link inside
+a node and the NICs that leave it), each in a *region*. Nodes of one region meet in a fabric
+(each GPU gets its share of its node's NIC bandwidth) unless ``intra_region_link`` says every
+GPU pair gets a fixed link (the DT-FM simulation model); regions meet over WAN links given per
+region pair. Bandwidths are one-direction GB/s (1e9 bytes/s) throughout: vendors often quote
+the bidirectional sum (e.g. "900 GB/s" NVLink4 is 450 each way).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from paraplan.specs.base import StrictModel
+
+DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+
+
+class GPUSpec(StrictModel):
+    """One accelerator type. Peaks are dense (no sparsity) TFLOP/s."""
+
+    name: str = Field(min_length=1)
+    display_name: str | None = None
+    vendor: Literal["nvidia", "amd", "intel", "other"] = "nvidia"
+    architecture: str | None = None
+    memory_GiB: float = Field(gt=0, le=100_000)
+    """Device memory capacity, GiB (2^30 bytes)."""
+    memory_bandwidth_GBps: float = Field(gt=0)
+    """Peak device-memory bandwidth, GB/s (1e9 bytes/s)."""
+    peak_tflops: dict[Literal["bf16", "fp16", "fp32", "tf32", "fp8"], float]
+    """Dense tensor-core peak per dtype, TFLOP/s (1e12 FLOP/s)."""
+    matmul_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """Achievable fraction of the 16-bit peak on large GEMMs (published measurement)."""
+    memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
+    """Achievable fraction of peak memory bandwidth on streaming kernels."""
+    tdp_W: float | None = Field(default=None, gt=0)
+    price_per_hour_usd: float | None = Field(default=None, ge=0)
+    scale_up_link: str | None = None
+    form_factor: Literal["sxm", "pcie", "oam", "other"] | None = None
+    notes: str | None = None
+    sources: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _peaks_positive(self) -> GPUSpec:
+        if not self.peak_tflops:
+            raise ValueError("peak_tflops needs at least one dtype (bf16, fp16, fp32, tf32, fp8)")
+        for dtype, value in self.peak_tflops.items():
+            if not value > 0:
+                raise ValueError(f"peak_tflops.{dtype}={value} must be > 0")
+        return self
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak for ``dtype`` in FLOP/s. KeyError if the GPU lacks that dtype."""
+        return self.peak_tflops[dtype] * 1e12  # type: ignore[index]
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_GiB * 2**30
+
+
+class LinkSpec(StrictModel):
+    """A link: a GPU's scale-up port, a NIC port or a WAN path. Bandwidth one direction."""
+
+    name: str = Field(min_length=1)
+    display_name: str | None = None
+    kind: Literal["nvlink", "xgmi", "pcie", "infiniband", "roce", "ethernet", "efa", "wan"]
+    bandwidth_GBps: float = Field(gt=0)
+    """One-direction bandwidth, GB/s (1e9 bytes/s)."""
+    latency_us: float = Field(ge=0)
+    """Per-message latency an alpha-beta model should charge, microseconds."""
+    efficiency: float = Field(default=0.8, gt=0, le=1.2)
+    """Fraction of bandwidth large collectives achieve (NCCL busbw / spec); >1 with SHARP."""
+    notes: str | None = None
+    sources: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gbps(cls, data: Any) -> Any:
+        # Networks are quoted in Gb/s; accept bandwidth_Gbps as a convenience (8 bits a byte).
+        if isinstance(data, dict) and "bandwidth_Gbps" in data:
+            data = dict(data)
+            gbps = data.pop("bandwidth_Gbps")
+            if "bandwidth_GBps" in data:
+                raise ValueError("give bandwidth_GBps or bandwidth_Gbps, not both")
+            if isinstance(gbps, int | float) and not isinstance(gbps, bool):
+                data["bandwidth_GBps"] = gbps / 8
+            else:
+                data["bandwidth_GBps"] = gbps
+        return data
+
+    @property
+    def bandwidth_Bps(self) -> float:
+        """One-direction bandwidth in bytes/s."""
+        return self.bandwidth_GBps * 1e9
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class NodeGroup(StrictModel):
+    """``num_nodes`` identical nodes of ``gpus_per_node`` GPUs in one region."""
+
+    name: str | None = None
+    gpu: GPUSpec
+    gpus_per_node: int = Field(gt=0, le=1024)
+    num_nodes: int = Field(default=1, gt=0, le=1_000_000)
+    intra_node_link: LinkSpec | None = None
+    """Each GPU's scale-up link (NVLink, PCIe); required when gpus_per_node > 1."""
+    inter_node_link: LinkSpec
+    """One NIC port leaving the node."""
+    nics_per_node: int = Field(default=1, gt=0, le=1024)
+    region: str = "default"
+
+    @model_validator(mode="after")
+    def _intra(self) -> NodeGroup:
+        if self.gpus_per_node > 1 and self.intra_node_link is None:
+            raise ValueError(
+                f"intra_node_link is required when gpus_per_node={self.gpus_per_node} > 1"
+            )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def nic_bandwidth_per_gpu_GBps(self) -> float:
+        """Each GPU's fair share of the node's NIC bandwidth when all GPUs send at once."""
+        return self.nics_per_node * self.inter_node_link.bandwidth_GBps / self.gpus_per_node
+
+
+class RegionLink(StrictModel):
+    """WAN path between two regions, per pair of GPUs (the DT-FM convention)."""
+
+    a: str
+    b: str
+    latency_ms: float = Field(ge=0)
+    bandwidth_Gbps: float = Field(gt=0)
+
+
+class ClusterSpec(StrictModel):
+    """A cluster: node groups, optional fixed intra-region pair link, WAN links between regions."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    node_groups: list[NodeGroup] = Field(min_length=1)
+    intra_region_link: LinkSpec | None = None
+    """If set, two GPUs on different nodes of one region talk over this link (per pair)."""
+    region_links: list[RegionLink] = Field(default_factory=list)
+    sources: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _regions(self) -> ClusterSpec:
+        regions = {g.region for g in self.node_groups}
+        pairs = set()
+        for link in self.region_links:
+            for end in (link.a, link.b):
+                if end not in regions:
+                    raise ValueError(
+                        f"region_links names region {end!r}, which no node group is in; "
+                        f"regions are {sorted(regions)}"
+                    )
+            pairs.add(frozenset((link.a, link.b)))
+        if len(regions) > 1:
+            missing = [
+                (a, b)
+                for i, a in enumerate(sorted(regions))
+                for b in sorted(regions)[i + 1 :]
+                if frozenset((a, b)) not in pairs
+            ]
+            if missing:
+                raise ValueError(
+                    f"no region_links entry for region pair(s) {missing[:3]}; every pair of "
+                    "regions needs latency_ms and bandwidth_Gbps"
+                )
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.node_groups)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(g.num_nodes for g in self.node_groups)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for g in self.node_groups:
+            seen.setdefault(g.gpu.name, None)
+        return list(seen)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        """One GPU type, one node shape, one region: the searchers' fast path applies."""
+        first = self.node_groups[0]
+        return len(self.regions) == 1 and all(
+            g.gpu == first.gpu
+            and g.gpus_per_node == first.gpus_per_node
+            and g.intra_node_link == first.intra_node_link
+            and g.inter_node_link == first.inter_node_link
+            and g.nics_per_node == first.nics_per_node
+            for g in self.node_groups
+        )
+
+    @property
+    def regions(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for g in self.node_groups:
+            seen.setdefault(g.region, None)
+        return list(seen)
+
+    @property
+    def gpu(self) -> GPUSpec:
+        """The GPU of the first node group (the only one in a homogeneous cluster)."""
+        return self.node_groups[0].gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs per node of the first node group."""
+        return self.node_groups[0].gpus_per_node
+
+    def with_nodes(self, num_nodes: int) -> ClusterSpec:
+        """Same node type, ``num_nodes`` nodes. Only for single-group clusters."""
+        from paraplan.specs.errors import SpecError
+
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise SpecError(
+                f"--nodes={num_nodes!r} must be a positive integer",
+                field="nodes",
+                value=num_nodes,
+                allowed="integer >= 1",
+            )
+        if len(self.node_groups) != 1:
+            raise SpecError(
+                f"--nodes={num_nodes} applies to clusters of one node type; cluster "
+                f"{self.name!r} has {len(self.node_groups)} node groups (edit its YAML instead)",
+                field="nodes",
+                value=num_nodes,
+                allowed="omit --nodes for multi-group clusters",
+            )
+        group = self.node_groups[0].model_copy(update={"num_nodes": num_nodes})
+        return self.model_copy(update={"node_groups": [group]})
+
+    def describe(self) -> dict:
+        """JSON-ready summary for ``paraplan describe --cluster``."""
+        groups = []
+        for g in self.node_groups:
+            groups.append(
+                {
+                    "name": g.name,
+                    "region": g.region,
+                    "gpu": g.gpu.name,
+                    "gpus_per_node": g.gpus_per_node,
+                    "num_nodes": g.num_nodes,
+                    "num_gpus": g.num_gpus,
+                    "memory_GiB_per_gpu": g.gpu.memory_GiB,
+                    "peak_tflops_per_gpu": dict(g.gpu.peak_tflops),
+                    "intra_node_link": g.intra_node_link.name if g.intra_node_link else None,
+                    "intra_node_bandwidth_GBps": (
+                        g.intra_node_link.bandwidth_GBps if g.intra_node_link else None
+                    ),
+                    "inter_node_link": g.inter_node_link.name,
+                    "nics_per_node": g.nics_per_node,
+                    "nic_bandwidth_per_gpu_GBps": round(g.nic_bandwidth_per_gpu_GBps, 4),
+                }
+            )
+        peak = sum(
+            g.num_gpus * max(g.gpu.peak_tflops.get("bf16", 0), g.gpu.peak_tflops.get("fp16", 0))
+            for g in self.node_groups
+        )
+        return {
+            "name": self.name,
+            "description": self.description,
+            "num_gpus": self.num_gpus,
+            "num_nodes": self.num_nodes,
+            "gpu_types": self.gpu_types,
+            "homogeneous": self.is_homogeneous,
+            "regions": self.regions,
+            "total_peak_16bit_pflops": round(peak / 1000, 3),
+            "total_memory_GiB": sum(g.num_gpus * g.gpu.memory_GiB for g in self.node_groups),
+            "node_groups": groups,
+            "intra_region_link": (
+                self.intra_region_link.model_dump(exclude={"sources", "notes"})
+                if self.intra_region_link
+                else None
+            ),
+            "region_links": [r.model_dump() for r in self.region_links],
+            "sources": list(self.sources),
+        }

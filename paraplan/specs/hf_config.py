@@ -1,0 +1,117 @@
+"""Build a ModelSpec from a Hugging Face ``config.json`` (read as data, never executed).
+
+Supported styles: Llama, Mistral, Mixtral, Qwen2 (and Qwen2-MoE), Gemma, DeepSeek-MoE,
+GPT-NeoX and GPT-2. Keys follow each family's ``configuration_*.py`` in transformers;
+defaults below are those classes' defaults (e.g. Llama ties embeddings only when asked,
+GPT-2 always ties).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from paraplan.specs.errors import SpecError, from_validation_error
+from paraplan.specs.model import ModelSpec
+
+# Families whose MLP is gated (3 matrices) with a SiLU/GELU gate.
+_GATED_SILU = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "deepseek", "qwen3", "olmo"}
+_GATED_GELU = {"gemma", "gemma2"}
+_TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2"}
+
+
+def _int(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = True) -> Any:
+    for key in keys:
+        if key in cfg and cfg[key] is not None:
+            value = cfg[key]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(
+                    f"config.json key {key}={value!r} must be an integer",
+                    field=key,
+                    value=value,
+                    allowed="integer",
+                )
+            return value
+    if required and default is None:
+        raise SpecError(
+            f"config.json has none of the keys {list(keys)}; a model needs it",
+            field=keys[0],
+            allowed="an integer under one of these keys",
+        )
+    return default
+
+
+def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
+    """Translate a parsed HF config dict into a ModelSpec.
+
+    Raises:
+        SpecError: missing or ill-typed keys, or an inconsistent shape.
+    """
+    if not isinstance(cfg, dict):
+        raise SpecError(
+            f"config.json must hold a JSON object, got {type(cfg).__name__}",
+            field="config.json",
+            value=cfg,
+            allowed="a JSON object with hidden_size, num_hidden_layers, ...",
+        )
+    model_type = str(cfg.get("model_type", "")).lower()
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads)
+    ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden)
+    vocab = _int(cfg, "vocab_size", "padded_vocab_size")
+    head_dim = _int(cfg, "head_dim", required=False)
+    max_pos = _int(cfg, "max_position_embeddings", "n_positions", "n_ctx", required=False)
+    act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu"))).lower()
+
+    if model_type in _GATED_SILU or (not model_type and act in ("silu", "swish")):
+        activation = "swiglu"
+    elif model_type in _GATED_GELU:
+        activation = "geglu"
+    elif "relu2" in act or "squared_relu" in act:
+        activation = "squared_relu"
+    elif act == "relu":
+        activation = "relu"
+    else:
+        activation = "gelu"
+
+    gpt_style = model_type in ("gpt2", "gpt_neox", "gptj", "gpt_bigcode")
+    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
+    fields: dict[str, Any] = {
+        "name": name,
+        "family": model_type or None,
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim if head_dim and head_dim != hidden // heads else None,
+        "ffn_hidden_size": ffn,
+        "vocab_size": vocab,
+        "activation": activation,
+        "norm": "layernorm" if gpt_style else "rmsnorm",
+        "position_embedding": "learned" if model_type == "gpt2" else "rope",
+        "max_position_embeddings": max_pos,
+        "tie_word_embeddings": bool(
+            cfg.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
+        ),
+        "use_bias": gpt_style,
+        "qkv_bias": model_type in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias")),
+        "sources": [f"Hugging Face config.json (model_type={model_type or 'unknown'})"],
+    }
+    if experts:
+        fields["num_experts"] = experts
+        fields["moe_top_k"] = _int(cfg, "num_experts_per_tok", "moe_top_k", default=2)
+        moe_ffn = _int(cfg, "moe_intermediate_size", required=False)
+        if moe_ffn:
+            fields["moe_ffn_hidden_size"] = moe_ffn
+        shared = _int(cfg, "n_shared_experts", required=False) or 0
+        if model_type == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") and moe_ffn:
+            shared = cfg["shared_expert_intermediate_size"] // moe_ffn
+        fields["num_shared_experts"] = shared
+        fields["first_dense_layers"] = _int(cfg, "first_k_dense_replace", default=0)
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "config.json") from None

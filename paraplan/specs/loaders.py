@@ -1,0 +1,244 @@
+"""Load specs by preset name or from files (YAML, Hugging Face config.json).
+
+Inputs are data, never code: ``yaml.safe_load`` and ``json.load`` only. Every failure (unknown
+name, missing file, malformed YAML/JSON, unknown key, bad value) raises ``SpecError``.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from paraplan.specs.cluster import ClusterSpec, GPUSpec, LinkSpec
+from paraplan.specs.errors import SpecError, from_validation_error
+from paraplan.specs.hf_config import model_from_hf_config
+from paraplan.specs.model import ModelSpec
+
+KINDS = ("gpus", "links", "clusters", "models")
+
+
+def profiles_dir() -> Path:
+    """Directory of the bundled hardware profiles and presets."""
+    return Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+
+def list_profiles(kind: str) -> list[str]:
+    """Names of the bundled profiles of one kind (``gpus``, ``links``, ``clusters``, ``models``)."""
+    if kind not in KINDS:
+        raise SpecError(f"profile kind {kind!r} is unknown", field="kind", value=kind,
+                        allowed=KINDS)
+    return sorted(p.stem for p in (profiles_dir() / kind).glob("*.yaml"))
+
+
+def _as_path(value: str) -> Path | None:
+    """The path ``value`` names if it is an existing file or directory, else None."""
+    try:
+        path = Path(value).expanduser()
+        return path if path.exists() else None
+    except (OSError, ValueError):  # NUL bytes, over-long names
+        return None
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read {what} file {str(path)!r}: {exc}", field=what,
+                        value=str(path)) from None
+
+
+def read_yaml(path: Path, what: str) -> dict[str, Any]:
+    """Parse a YAML file that must hold a mapping."""
+    text = _read_text(path, what)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{what} file {str(path)!r} is not valid YAML{where}", field=what,
+                        value=str(path)) from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{what} file {str(path)!r} must hold a mapping of keys to values, got "
+                        f"{type(data).__name__}", field=what, value=str(path))
+    return data
+
+
+def _unknown(kind: str, value: str) -> SpecError:
+    names = list_profiles(kind)
+    close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    label = kind[:-1]
+    return SpecError(
+        f"unknown {label} {value!r}{hint} Known {kind}: {', '.join(names)} (or a YAML file path)",
+        field=label, value=value, allowed=names,
+    )
+
+
+def _build(cls: type[BaseModel], data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where} must be a mapping, got {type(data).__name__}", field=where,
+                        value=data)
+    try:
+        return cls(**{str(k): v for k, v in data.items()})
+    except ValidationError as exc:
+        raise from_validation_error(exc, where) from None
+
+
+def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str) -> Any:
+    """A spec given as an instance, an inline mapping, a preset name or a YAML path."""
+    if isinstance(ref, cls):
+        return ref
+    if isinstance(ref, dict):
+        return _build(cls, ref, where)
+    if not isinstance(ref, str) or not ref:
+        raise SpecError(f"{where}={ref!r} must be a {kind[:-1]} name, a YAML path or a mapping",
+                        field=where, value=ref, allowed=list_profiles(kind))
+    preset = profiles_dir() / kind / f"{ref}.yaml"
+    if "/" not in ref and "\\" not in ref and preset.is_file():
+        return _build(cls, read_yaml(preset, where), where)
+    path = _as_path(ref)
+    if path is not None and path.is_file():
+        return _build(cls, read_yaml(path, where), where)
+    raise _unknown(kind, ref)
+
+
+def load_gpu(ref: str | dict | GPUSpec) -> GPUSpec:
+    """A GPU by preset name (``h100-sxm``), YAML path or mapping."""
+    return _load_named("gpus", ref, GPUSpec, "gpu")
+
+
+def load_link(ref: str | dict | LinkSpec) -> LinkSpec:
+    """A link by preset name (``ib-ndr``), YAML path or mapping."""
+    return _load_named("links", ref, LinkSpec, "link")
+
+
+def load_model(ref: str | ModelSpec) -> ModelSpec:
+    """A model by preset name, paraplan YAML file, or Hugging Face ``config.json`` (file or dir).
+
+    Raises:
+        SpecError: unknown name, unreadable file, malformed content, inconsistent shape.
+    """
+    if isinstance(ref, ModelSpec):
+        return ref
+    if not isinstance(ref, str) or not ref:
+        raise SpecError(f"model={ref!r} must be a preset name or a file path", field="model",
+                        value=ref, allowed=list_profiles("models"))
+    preset = profiles_dir() / "models" / f"{ref}.yaml"
+    if "/" not in ref and "\\" not in ref and preset.is_file():
+        return _build(ModelSpec, read_yaml(preset, "model"), "model")
+    path = _as_path(ref)
+    if path is None:
+        raise _unknown("models", ref)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise SpecError(f"directory {ref!r} has no config.json", field="model", value=ref)
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(_read_text(path, "model"))
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"model file {str(path)!r} is not valid JSON: {exc.msg} at line "
+                            f"{exc.lineno}", field="model", value=str(path)) from None
+        if isinstance(data, dict) and "num_layers" in data and "hidden_size" in data:
+            return _build(ModelSpec, data, "model")  # a paraplan model written as JSON
+        name = path.parent.name if path.name == "config.json" else path.stem
+        return model_from_hf_config(data, name=name or "hf-model")
+    data = read_yaml(path, "model")
+    data.setdefault("name", path.stem)
+    return _build(ModelSpec, data, "model")
+
+
+def _region_links_from_csv(path: Path) -> list[dict[str, Any]]:
+    text = _read_text(path, "region_links_csv")
+    rows = []
+    try:
+        for row in csv.DictReader(text.splitlines()):
+            rows.append({
+                "a": row["region_a"], "b": row["region_b"],
+                "latency_ms": float(row["latency_ms"]),
+                "bandwidth_Gbps": float(row["bandwidth_gbps"]),
+            })
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SpecError(
+            f"region_links_csv {str(path)!r} needs columns region_a, region_b, latency_ms, "
+            f"bandwidth_gbps with numbers ({exc})", field="region_links_csv", value=str(path),
+        ) from None
+    return rows
+
+
+def cluster_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> ClusterSpec:
+    """Resolve names (GPUs, links, region CSVs) in a cluster mapping and validate it."""
+    data = dict(data)
+    if "node" in data:
+        if "node_groups" in data:
+            raise SpecError("cluster: give `node` (one node type) or `node_groups`, not both",
+                            field="cluster.node")
+        node = data.pop("node")
+        if not isinstance(node, dict):
+            raise SpecError("cluster.node must be a mapping", field="cluster.node", value=node)
+        node = dict(node)
+        if "num_nodes" in data:
+            node["num_nodes"] = data.pop("num_nodes")
+        data["node_groups"] = [node]
+    groups = data.get("node_groups")
+    if not isinstance(groups, list) or not groups:
+        raise SpecError("cluster needs `node` or a non-empty `node_groups` list",
+                        field="cluster.node_groups", value=groups)
+    resolved = []
+    for i, group in enumerate(groups):
+        if not isinstance(group, dict):
+            raise SpecError(f"cluster.node_groups[{i}] must be a mapping",
+                            field=f"cluster.node_groups[{i}]", value=group)
+        group = dict(group)
+        if "gpu" in group:
+            group["gpu"] = load_gpu(group["gpu"])
+        for key in ("intra_node_link", "inter_node_link"):
+            if group.get(key) is not None:
+                group[key] = load_link(group[key])
+        resolved.append(group)
+    data["node_groups"] = resolved
+    if data.get("intra_region_link") is not None:
+        data["intra_region_link"] = load_link(data["intra_region_link"])
+    if "region_links_csv" in data:
+        ref = data.pop("region_links_csv")
+        if not isinstance(ref, str):
+            raise SpecError("cluster.region_links_csv must be a file name",
+                            field="cluster.region_links_csv", value=ref)
+        candidates = [profiles_dir() / "clusters" / ref]
+        if base_dir is not None:
+            candidates.insert(0, base_dir / ref)
+        path = next((c for c in candidates if _as_path(str(c)) and c.is_file()), None)
+        if path is None:
+            raise SpecError(f"region_links_csv {ref!r} not found", field="cluster.region_links_csv",
+                            value=ref)
+        wanted = {g.get("region", "default") for g in resolved}
+        extra = [r for r in _region_links_from_csv(path) if r["a"] in wanted and r["b"] in wanted]
+        data["region_links"] = list(data.get("region_links") or []) + extra
+    return _build(ClusterSpec, data, "cluster")
+
+
+def load_cluster(ref: str | ClusterSpec, nodes: int | None = None) -> ClusterSpec:
+    """A cluster by preset name or YAML path; ``nodes`` sets the node count (one node type)."""
+    if isinstance(ref, ClusterSpec):
+        cluster = ref
+    else:
+        if not isinstance(ref, str) or not ref:
+            raise SpecError(f"cluster={ref!r} must be a preset name or a YAML path",
+                            field="cluster", value=ref, allowed=list_profiles("clusters"))
+        preset = profiles_dir() / "clusters" / f"{ref}.yaml"
+        if "/" not in ref and "\\" not in ref and preset.is_file():
+            path = preset
+        else:
+            path = _as_path(ref)
+            if path is None or not path.is_file():
+                raise _unknown("clusters", ref)
+        cluster = cluster_from_dict(read_yaml(path, "cluster"), base_dir=path.parent)
+    if nodes is not None:
+        cluster = cluster.with_nodes(nodes)
+    return cluster

@@ -1,0 +1,225 @@
+"""ModelSpec: the shape of a decoder-only transformer (dense or MoE) and its parameter counts.
+
+Parameter counting follows the standard decomposition (Narayanan et al. 2021, eq. for
+12*l*h^2 + 2*v*h with l layers, h hidden, v vocab): per layer attention Q/K/V/O projections,
+the MLP (2 matrices of h x ffn for GELU-style, 3 for gated SwiGLU/GeGLU), MoE experts and
+router, norms; plus word embedding, LM head (unless tied) and learned positions.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from paraplan.specs.base import StrictModel
+
+Activation = Literal["gelu", "swiglu", "geglu", "squared_relu", "relu"]
+GATED_ACTIVATIONS = frozenset({"swiglu", "geglu"})
+
+
+class ModelSpec(StrictModel):
+    """A decoder-only transformer. Sizes are counts (not bytes)."""
+
+    name: str = Field(min_length=1)
+    """Preset name or a user's label."""
+    display_name: str | None = None
+    family: str | None = None
+    num_layers: int = Field(gt=0, le=10_000)
+    """Transformer blocks (l)."""
+    hidden_size: int = Field(gt=0, le=1_000_000)
+    """Model width (h)."""
+    num_attention_heads: int = Field(gt=0, le=100_000)
+    """Query heads (a)."""
+    num_kv_heads: int | None = Field(default=None, gt=0, le=100_000)
+    """Key/value heads for grouped-query attention; None means = num_attention_heads (MHA)."""
+    head_dim: int | None = Field(default=None, gt=0, le=100_000)
+    """Per-head width; None means hidden_size / num_attention_heads."""
+    ffn_hidden_size: int = Field(gt=0, le=10_000_000)
+    """MLP intermediate width of a dense layer."""
+    vocab_size: int = Field(gt=0, le=100_000_000)
+    activation: Activation = "gelu"
+    """gelu/squared_relu/relu: 2 matrices of h x ffn; swiglu/geglu: 3 (gated)."""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    position_embedding: Literal["learned", "rope", "alibi"] = "rope"
+    max_position_embeddings: int | None = Field(default=None, gt=0, le=100_000_000)
+    tie_word_embeddings: bool = False
+    use_bias: bool = False
+    """All linear layers carry biases (GPT-2/3, BLOOM, GPT-NeoX)."""
+    qkv_bias: bool = False
+    """Only the Q/K/V projections carry biases (Qwen2)."""
+    embedding_layernorm: bool = False
+    """A norm right after the word embedding (BLOOM)."""
+    num_experts: int = Field(default=0, ge=0, le=100_000)
+    """Routed experts per MoE layer; 0 = dense model."""
+    moe_top_k: int = Field(default=0, ge=0, le=100_000)
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, le=10_000_000)
+    """Per-expert MLP width; None means ffn_hidden_size."""
+    num_shared_experts: int = Field(default=0, ge=0, le=1_000)
+    """Always-active experts of width moe_ffn_hidden_size (DeepSeek-MoE)."""
+    first_dense_layers: int = Field(default=0, ge=0)
+    """Leading layers that are dense (ffn_hidden_size) in an MoE model (DeepSeek-MoE)."""
+    published_params_b: float | None = Field(default=None, gt=0)
+    """Total parameters the authors publish, billions (for tests and display only)."""
+    published_active_params_b: float | None = Field(default=None, gt=0)
+    sources: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        kv = self.kv_heads
+        if kv > self.num_attention_heads or self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_kv_heads={kv} must divide num_attention_heads={self.num_attention_heads}"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
+                f"{self.num_attention_heads}; set head_dim explicitly"
+            )
+        if self.num_experts:
+            if not 1 <= self.moe_top_k <= self.num_experts:
+                raise ValueError(
+                    f"moe_top_k={self.moe_top_k} must be in 1..num_experts={self.num_experts}"
+                )
+            if self.first_dense_layers >= self.num_layers:
+                raise ValueError(
+                    f"first_dense_layers={self.first_dense_layers} must be < num_layers="
+                    f"{self.num_layers}"
+                )
+        elif self.moe_top_k or self.num_shared_experts or self.first_dense_layers:
+            raise ValueError(
+                "moe_top_k, num_shared_experts and first_dense_layers need num_experts > 0"
+            )
+        return self
+
+    # ---- derived shape ------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (= attention heads for MHA)."""
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        """Per-head width d."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of h x ffn in one MLP: 3 for gated activations, else 2."""
+        return 3 if self.activation in GATED_ACTIVATIONS else 2
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # ---- parameter counts (counts, not bytes) ---------------------------------------------
+    @property
+    def attention_params(self) -> int:
+        """Q, K, V, O projections of one layer (GQA shrinks K and V), with biases if any."""
+        h, d = self.hidden_size, self.head_size
+        q_out, kv_out = self.num_attention_heads * d, self.kv_heads * d
+        weights = h * q_out + 2 * h * kv_out + q_out * h
+        bias = 0
+        if self.use_bias:
+            bias = q_out + 2 * kv_out + h
+        elif self.qkv_bias:
+            bias = q_out + 2 * kv_out
+        return weights + bias
+
+    def _mlp_params(self, ffn: int) -> int:
+        h = self.hidden_size
+        weights = self.mlp_matrices * h * ffn
+        bias = ((self.mlp_matrices - 1) * ffn + h) if self.use_bias else 0
+        return weights + bias
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """MLP of a dense layer."""
+        return self._mlp_params(self.ffn_hidden_size)
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's MLP."""
+        return self._mlp_params(self.expert_ffn)
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        """Two norms per block; LayerNorm has weight and bias, RMSNorm weight only."""
+        per_norm = 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
+        return 2 * per_norm
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self.attention_params + self.dense_mlp_params + self.norm_params_per_layer
+
+    @property
+    def moe_layer_params(self) -> int:
+        """All experts (routed + shared) of one MoE layer, plus attention, router and norms."""
+        experts = (self.num_experts + self.num_shared_experts) * self.expert_params
+        return self.attention_params + experts + self.router_params + self.norm_params_per_layer
+
+    @property
+    def moe_layer_active_params(self) -> int:
+        """Parameters one token touches in an MoE layer (top-k routed + shared experts)."""
+        experts = (self.moe_top_k + self.num_shared_experts) * self.expert_params
+        return self.attention_params + experts + self.router_params + self.norm_params_per_layer
+
+    @property
+    def embedding_params(self) -> int:
+        """Word embedding (+ learned positions, + embedding norm)."""
+        params = self.vocab_size * self.hidden_size
+        if self.position_embedding == "learned":
+            params += (self.max_position_embeddings or 2048) * self.hidden_size
+        if self.embedding_layernorm:
+            params += 2 * self.hidden_size
+        return params
+
+    @property
+    def lm_head_params(self) -> int:
+        """Output projection (0 when tied to the word embedding) plus the final norm."""
+        final_norm = 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
+        head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return head + final_norm
+
+    @property
+    def num_params(self) -> int:
+        """Total trainable parameters."""
+        layers = self.num_dense_layers * self.dense_layer_params
+        layers += self.num_moe_layers * self.moe_layer_params
+        return layers + self.embedding_params + self.lm_head_params
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters used per token (= num_params for dense models)."""
+        layers = self.num_dense_layers * self.dense_layer_params
+        layers += self.num_moe_layers * self.moe_layer_active_params
+        return layers + self.embedding_params + self.lm_head_params
+
+    def describe(self) -> dict:
+        """JSON-ready summary: the shape plus parameter counts (the `describe --model` contract)."""
+        shape = self.model_dump(exclude={"sources"}, exclude_none=True)
+        return {
+            "name": self.name,
+            "num_params": self.num_params,
+            "num_active_params": self.num_active_params,
+            "num_params_b": round(self.num_params / 1e9, 3),
+            "num_active_params_b": round(self.num_active_params / 1e9, 3),
+            "shape": shape,
+            "sources": list(self.sources),
+        }

@@ -1,0 +1,190 @@
+"""ParallelPlan: how one training step is split across GPUs.
+
+Field names follow Megatron-LM where one exists (tp = tensor-model-parallel size, pp =
+pipeline-model-parallel size, cp = context-parallel size, ep = expert-model-parallel size).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from paraplan.specs.base import StrictModel
+from paraplan.specs.errors import SpecError, from_validation_error
+
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class ParallelPlan(StrictModel):
+    """A parallel plan. ``dp`` may be left out: it is then world size / (tp * pp * cp)."""
+
+    tp: int = Field(default=1, ge=1, le=65_536)
+    """Tensor (Megatron) parallel degree."""
+    pp: int = Field(default=1, ge=1, le=65_536)
+    """Pipeline stages."""
+    dp: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Data-parallel replicas; None = derived from the cluster size."""
+    cp: int = Field(default=1, ge=1, le=65_536)
+    """Context parallel degree (sequence split across ranks, ring attention)."""
+    ep: int = Field(default=1, ge=1, le=65_536)
+    """Expert parallel degree (MoE experts split across ranks of the dp*cp group)."""
+    etp: int | None = Field(default=None, ge=1, le=65_536)
+    """Tensor parallel degree inside experts; None = tp (Megatron's default)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (norm/dropout activations split over tp)."""
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """ZeRO: 1 shards optimizer states, 2 also gradients, 3 also weights (FSDP), over dp."""
+    micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
+    """Sequences per micro-batch per replica."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule; 'interleaved' needs virtual_stages > 1."""
+    virtual_stages: int = Field(default=1, ge=1, le=1024)
+    """Model chunks per pipeline rank (Megatron's virtual pipeline size)."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention core), full (whole layer)."""
+    layers_per_stage: list[int] | None = None
+    """Explicit transformer layers per pipeline stage (uneven split); None = even."""
+    allow_cross_node_tp: bool = False
+    """Permit a TP group to span nodes (normally a mistake: TP needs NVLink bandwidth)."""
+    dp_sync_interval: int = Field(default=1, ge=1, le=1_000_000)
+    """Local SGD / DiLoCo: replicas synchronize every H steps (1 = every step)."""
+    grad_compression_ratio: float = Field(default=1.0, ge=1.0, le=1e6)
+    """Bytes of DP gradient traffic are divided by this (PowerSGD, quantization, top-k)."""
+
+    @model_validator(mode="after")
+    def _shape(self) -> ParallelPlan:
+        if self.layers_per_stage is not None:
+            if len(self.layers_per_stage) != self.pp * self.virtual_stages:
+                raise ValueError(
+                    f"layers_per_stage has {len(self.layers_per_stage)} entries; it needs "
+                    f"pp*virtual_stages={self.pp * self.virtual_stages} (one per model chunk)"
+                )
+            if any(n < 0 for n in self.layers_per_stage):
+                raise ValueError("layers_per_stage entries must be >= 0")
+        return self
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def model_parallel_size(self) -> int:
+        """GPUs holding one model replica: tp * pp * cp."""
+        return self.tp * self.pp * self.cp
+
+    def resolved_dp(self, num_gpus: int) -> int:
+        """dp as given, or num_gpus // (tp*pp*cp) when left out."""
+        return self.dp if self.dp is not None else max(1, num_gpus // self.model_parallel_size)
+
+    def world_size(self, num_gpus: int) -> int:
+        return self.resolved_dp(num_gpus) * self.model_parallel_size
+
+    def short(self) -> str:
+        """Compact one-line form, e.g. ``tp=8 pp=4 dp=16 mbs=1 1f1b rc=selective``."""
+        parts = [f"tp={self.tp}", f"pp={self.pp}"]
+        if self.dp is not None:
+            parts.append(f"dp={self.dp}")
+        for key, default in (("cp", 1), ("ep", 1)):
+            if getattr(self, key) != default:
+                parts.append(f"{key}={getattr(self, key)}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.zero_stage:
+            parts.append(f"zero={self.zero_stage}")
+        parts.append(f"mbs={self.micro_batch_size}")
+        if self.pp > 1:
+            vpp = f"x{self.virtual_stages}" if self.virtual_stages > 1 else ""
+            parts.append(self.schedule + vpp)
+        if self.recompute != "none":
+            parts.append(f"rc={self.recompute}")
+        return " ".join(parts)
+
+
+# Short names users type in inline plans (`tp=8,pp=4,mbs=1,vpp=2,sp=1,zero=1,rc=full`).
+ALIASES = {
+    "mbs": "micro_batch_size",
+    "micro_batch": "micro_batch_size",
+    "vpp": "virtual_stages",
+    "sp": "sequence_parallel",
+    "zero": "zero_stage",
+    "rc": "recompute",
+    "layers": "layers_per_stage",
+    "h": "dp_sync_interval",
+}
+
+
+def _coerce_inline(key: str, raw: str) -> Any:
+    if key == "layers_per_stage":
+        return [int(x) for x in raw.replace("/", " ").replace(";", " ").split()]
+    if key in ("sequence_parallel", "allow_cross_node_tp"):
+        low = raw.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        return raw
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+
+
+def parse_plan(text: str | dict[str, Any]) -> ParallelPlan:
+    """Parse an inline plan (``tp=8,pp=4,mbs=1``), a JSON object string, or a dict.
+
+    A dict may be a plan or a paraplan plan export with a ``plan`` key.
+
+    Raises:
+        SpecError: unknown keys, bad values, malformed text.
+    """
+    if isinstance(text, dict):
+        data = text.get("plan", text) if isinstance(text.get("plan"), dict) else text
+    else:
+        stripped = text.strip()
+        if not stripped:
+            raise SpecError("plan is empty; write e.g. tp=8,pp=4,mbs=1", field="plan", value=text)
+        if stripped.startswith("{"):
+            try:
+                data = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise SpecError(f"plan JSON is malformed: {exc.msg} at character {exc.pos}",
+                                field="plan", value=text) from None
+            if not isinstance(data, dict):
+                raise SpecError("plan JSON must be an object", field="plan", value=text)
+            if isinstance(data.get("plan"), dict):
+                data = data["plan"]
+        else:
+            data = {}
+            for item in stripped.replace(" ", ",").split(","):
+                if not item:
+                    continue
+                if "=" not in item:
+                    if item in ("sp", "sequence_parallel"):
+                        data["sequence_parallel"] = True
+                        continue
+                    raise SpecError(
+                        f"plan item {item!r} is not key=value; write e.g. tp=8,pp=4,mbs=1",
+                        field="plan", value=item, allowed="key=value pairs separated by commas",
+                    )
+                key, raw = item.split("=", 1)
+                key = ALIASES.get(key.strip().lower(), key.strip().lower())
+                try:
+                    data[key] = _coerce_inline(key, raw.strip())
+                except ValueError:
+                    raise SpecError(
+                        f"plan.{key}={raw!r} is not a list of integers (e.g. layers=20/20/20/20)",
+                        field=f"plan.{key}", value=raw,
+                    ) from None
+    data = {ALIASES.get(str(k), str(k)): v for k, v in data.items()}
+    try:
+        return ParallelPlan(**data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "plan") from None
+    except TypeError as exc:  # pragma: no cover - defensive (non-str keys)
+        raise SpecError(f"plan is malformed: {exc}", field="plan") from None

@@ -1,0 +1,291 @@
+"""Topology of a cluster: who is connected to whom, how fast, and collective bottlenecks.
+
+GPUs are numbered 0..N-1 node by node, group by group (the order of ``node_groups``). Three
+tiers separate two GPUs:
+
+* ``intra_node``: the node's scale-up link (NVLink/PCIe), per GPU, one direction;
+* ``intra_region``: through the NICs into the region's fabric. A GPU's share of its node's NIC
+  bandwidth is ``nics_per_node * nic_bandwidth / gpus_per_node`` (all GPUs sending at once),
+  or the cluster's fixed ``intra_region_link`` per GPU pair (DT-FM's simulation model);
+* ``inter_region``: the WAN link of the region pair (per GPU pair, DT-FM convention), capped by
+  the NIC share.
+
+Lookups are O(1) per pair and O(n) for a group (numpy over the group); nothing is quadratic in
+the cluster size, so 16,384 GPUs are cheap. ``to_networkx()`` builds the explicit graph (GPUs,
+node switches, NICs, region fabrics, WAN edges) with a number of vertices linear in N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import networkx as nx
+import numpy as np
+
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.errors import SpecError
+
+TIERS = ("self", "intra_node", "intra_region", "inter_region")
+
+
+@dataclass(frozen=True)
+class PathCost:
+    """Point-to-point bandwidth (one direction, GB/s, after link efficiency) and latency (s)."""
+
+    bandwidth_GBps: float
+    latency_s: float
+    tier: str
+
+
+@dataclass(frozen=True)
+class RingCost:
+    """Bottleneck of a ring over a group, in ring order.
+
+    ``bandwidth_GBps`` is the slowest ring edge's effective one-direction bandwidth (GB/s,
+    after link efficiency) available to one rank; ``latency_s`` the slowest edge's latency,
+    which every ring step pays.
+    """
+
+    n: int
+    bandwidth_GBps: float
+    latency_s: float
+    tier: str
+    num_nodes: int
+    max_gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class HierarchicalCost:
+    """Two-level view of a group: rings inside nodes, then one ring across nodes.
+
+    ``intra`` covers the k = ``gpus_per_node`` members of the group inside each node (None if
+    every node holds one member); ``inter`` the ring over the ``num_nodes`` nodes, whose
+    bandwidth per node is k times each member's NIC share (NCCL runs one channel per NIC).
+    """
+
+    gpus_per_node: int
+    num_nodes: int
+    intra: RingCost | None
+    inter: RingCost | None
+
+
+class Topology:
+    """Answers bandwidth/latency questions about a ClusterSpec. Build with ``Topology(cluster)``."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        groups = cluster.node_groups
+        regions = cluster.regions
+        self.region_names = regions
+        region_index = {r: i for i, r in enumerate(regions)}
+
+        node_group = np.repeat(np.arange(len(groups)), [g.num_nodes for g in groups])
+        gpn = np.array([g.gpus_per_node for g in groups])
+        self.node_group = node_group
+        self.node_of_gpu = np.repeat(np.arange(len(node_group)), gpn[node_group])
+        self.group_of_gpu = node_group[self.node_of_gpu]
+        self.num_gpus = int(self.node_of_gpu.size)
+
+        # Per node-group properties (small arrays indexed by group).
+        self._region = np.array([region_index[g.region] for g in groups])
+        self._intra_bw = np.array(
+            [
+                (g.intra_node_link.bandwidth_GBps * g.intra_node_link.efficiency)
+                if g.intra_node_link
+                else np.inf
+                for g in groups
+            ]
+        )
+        self._intra_lat = np.array(
+            [g.intra_node_link.latency_s if g.intra_node_link else 0.0 for g in groups]
+        )
+        self._nic_share = np.array(
+            [g.nic_bandwidth_per_gpu_GBps * g.inter_node_link.efficiency for g in groups]
+        )
+        self._nic_bw = np.array(
+            [g.inter_node_link.bandwidth_GBps * g.inter_node_link.efficiency for g in groups]
+        )
+        self._nic_total = np.array(
+            [g.nics_per_node * g.inter_node_link.bandwidth_GBps * g.inter_node_link.efficiency
+             for g in groups]
+        )
+        self._nic_lat = np.array([g.inter_node_link.latency_s for g in groups])
+
+        r = len(regions)
+        self._wan_bw = np.full((r, r), np.inf)
+        self._wan_lat = np.zeros((r, r))
+        for link in cluster.region_links:
+            i, j = region_index[link.a], region_index[link.b]
+            self._wan_bw[i, j] = self._wan_bw[j, i] = link.bandwidth_Gbps / 8.0
+            self._wan_lat[i, j] = self._wan_lat[j, i] = link.latency_ms * 1e-3
+        irl = cluster.intra_region_link
+        self._region_pair_bw = irl.bandwidth_GBps * irl.efficiency if irl else None
+        self._region_pair_lat = irl.latency_s if irl else None
+
+    # ---- point to point ------------------------------------------------------------------
+    def _check(self, gpus: np.ndarray) -> None:
+        if gpus.size and (gpus.min() < 0 or gpus.max() >= self.num_gpus):
+            bad = int(gpus[(gpus < 0) | (gpus >= self.num_gpus)][0])
+            raise SpecError(
+                f"GPU index {bad} is outside the cluster's range 0..{self.num_gpus - 1}",
+                field="gpu", value=bad, allowed=f"0..{self.num_gpus - 1}",
+            )
+
+    def _pairs(
+        self, a: np.ndarray, b: np.ndarray, *, shared: bool, k_per_node: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorized pair cost: (bandwidth GB/s, latency s, tier index) for a[i] -> b[i]."""
+        ga, gb = self.group_of_gpu[a], self.group_of_gpu[b]
+        same_gpu = a == b
+        same_node = self.node_of_gpu[a] == self.node_of_gpu[b]
+        ra, rb = self._region[ga], self._region[gb]
+        same_region = ra == rb
+
+        intra_bw = np.minimum(self._intra_bw[ga], self._intra_bw[gb])
+        if shared:
+            nic = np.minimum(self._nic_share[ga], self._nic_share[gb])
+            if k_per_node is not None:  # k members per node use k NICs' worth of bandwidth
+                nic = np.minimum(nic * k_per_node, np.minimum(self._nic_total[ga],
+                                                              self._nic_total[gb]))
+        else:
+            nic = np.minimum(self._nic_bw[ga], self._nic_bw[gb])
+        # The GPU reaches its NIC through the node's scale-up fabric (PCIe/NVLink switch).
+        fabric_bw = np.minimum(nic, intra_bw)
+        fabric_lat = np.maximum(self._nic_lat[ga], self._nic_lat[gb])
+        if self._region_pair_bw is not None:
+            fabric_bw = np.minimum(fabric_bw, self._region_pair_bw)
+            fabric_lat = np.full(a.shape, self._region_pair_lat)
+        wan_bw = np.minimum(fabric_bw, self._wan_bw[ra, rb])
+        wan_lat = self._wan_lat[ra, rb]
+
+        bw = np.where(same_node, intra_bw, np.where(same_region, fabric_bw, wan_bw))
+        lat = np.where(
+            same_node,
+            np.maximum(self._intra_lat[ga], self._intra_lat[gb]),
+            np.where(same_region, fabric_lat, wan_lat),
+        )
+        tier = np.where(same_gpu, 0, np.where(same_node, 1, np.where(same_region, 2, 3)))
+        bw = np.where(same_gpu, np.inf, bw)
+        lat = np.where(same_gpu, 0.0, lat)
+        return bw, lat, tier
+
+    def pair(self, a: int, b: int, *, shared: bool = True) -> PathCost:
+        """Cost from GPU ``a`` to GPU ``b``.
+
+        Args:
+            shared: True (default) gives each GPU its fair share of the node's NICs, as when
+                every GPU communicates at once (collectives); False gives one full NIC.
+        """
+        arr_a, arr_b = np.array([a]), np.array([b])
+        self._check(np.concatenate([arr_a, arr_b]))
+        bw, lat, tier = self._pairs(arr_a, arr_b, shared=shared)
+        return PathCost(float(bw[0]), float(lat[0]), TIERS[int(tier[0])])
+
+    # ---- collectives -----------------------------------------------------------------------
+    def _group(self, group: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(group, dtype=np.int64).ravel()
+        if arr.size == 0:
+            raise SpecError("a communication group needs at least one GPU", field="group")
+        self._check(arr)
+        if np.unique(arr).size != arr.size:
+            raise SpecError("a communication group lists a GPU twice", field="group")
+        return arr
+
+    def ring(self, group: Sequence[int]) -> RingCost:
+        """Bottleneck of a ring visiting ``group`` in the given order (order matters on WANs).
+
+        When k members share a node, NCCL drives k channels through k NICs, so inter-node ring
+        edges get k times one member's NIC share (capped by the node's NICs).
+        """
+        arr = self._group(group)
+        n = int(arr.size)
+        nodes, counts = np.unique(self.node_of_gpu[arr], return_counts=True)
+        k_max = int(counts.max())
+        if n == 1:
+            return RingCost(1, float("inf"), 0.0, "self", 1, 1)
+        per_node = dict(zip(nodes.tolist(), counts.tolist(), strict=True))
+        k = np.array([per_node[int(x)] for x in self.node_of_gpu[arr]], dtype=float)
+        nxt = np.roll(arr, -1)
+        bw, lat, tier = self._pairs(arr, nxt, shared=True, k_per_node=k)
+        worst = int(np.argmin(bw))
+        return RingCost(n, float(bw[worst]), float(lat.max()), TIERS[int(tier.max())],
+                        int(nodes.size), k_max)
+
+    def hierarchical(self, group: Sequence[int]) -> HierarchicalCost:
+        """Split ``group`` into per-node rings and one ring across nodes (first member each)."""
+        arr = self._group(group)
+        node_ids = self.node_of_gpu[arr]
+        nodes, first_idx, counts = np.unique(node_ids, return_index=True, return_counts=True)
+        k = int(counts.max())
+        intra = None
+        if k > 1:
+            # The slowest node's ring decides (all run concurrently).
+            worst = None
+            for node in nodes[counts > 1]:
+                cost = self.ring(arr[node_ids == node])
+                if worst is None or cost.bandwidth_GBps < worst.bandwidth_GBps:
+                    worst = cost
+            intra = worst
+        inter = None
+        if nodes.size > 1:
+            leaders = arr[np.sort(first_idx)]
+            kk = np.array([counts[np.searchsorted(nodes, self.node_of_gpu[g])] for g in leaders],
+                          dtype=float)
+            bw, lat, tier = self._pairs(leaders, np.roll(leaders, -1), shared=True,
+                                        k_per_node=kk)
+            inter = RingCost(int(leaders.size), float(bw.min()), float(lat.max()),
+                             TIERS[int(tier.max())], int(nodes.size), 1)
+        return HierarchicalCost(k, int(nodes.size), intra, inter)
+
+    # ---- explicit graph --------------------------------------------------------------------
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """networkx graph: ``gpu:i``, ``node:n`` (switch), ``nic:n:j``, ``fabric:region``.
+
+        Edges carry ``bandwidth_GBps`` (one direction, nominal; one NIC per ``nic`` edge) and
+        ``latency_s``. Vertices and edges are linear in the GPU count.
+        """
+        g = nx.Graph()
+        cluster = self.cluster
+        irl = cluster.intra_region_link
+        for region in self.region_names:
+            g.add_node(f"fabric:{region}", kind="fabric", region=region)
+        gpu = 0
+        node = 0
+        for gi, group in enumerate(cluster.node_groups):
+            link = group.intra_node_link
+            for _ in range(group.num_nodes):
+                sw = f"node:{node}"
+                g.add_node(sw, kind="switch", group=gi, region=group.region)
+                for _ in range(group.gpus_per_node):
+                    g.add_node(f"gpu:{gpu}", kind="gpu", gpu=group.gpu.name, node=node)
+                    g.add_edge(
+                        f"gpu:{gpu}", sw,
+                        bandwidth_GBps=link.bandwidth_GBps * link.efficiency if link else np.inf,
+                        latency_s=link.latency_s / 2 if link else 0.0,
+                    )
+                    gpu += 1
+                for j in range(group.nics_per_node):
+                    nic = f"nic:{node}:{j}"
+                    nic_link = group.inter_node_link
+                    bw = nic_link.bandwidth_GBps * nic_link.efficiency
+                    lat = nic_link.latency_s / 2
+                    if irl is not None:
+                        bw = min(bw, irl.bandwidth_GBps * irl.efficiency)
+                        lat = irl.latency_s / 2
+                    g.add_node(nic, kind="nic", node=node)
+                    g.add_edge(sw, nic, bandwidth_GBps=np.inf, latency_s=0.0)
+                    g.add_edge(nic, f"fabric:{group.region}", bandwidth_GBps=bw, latency_s=lat)
+                node += 1
+        for link in cluster.region_links:
+            g.add_edge(f"fabric:{link.a}", f"fabric:{link.b}",
+                       bandwidth_GBps=link.bandwidth_Gbps / 8, latency_s=link.latency_ms * 1e-3)
+        return g
+
+    def graph_path_bandwidth(self, a: int, b: int) -> float:
+        """Bottleneck bandwidth (GB/s) of the fewest-hop path between two GPUs in the graph."""
+        path = nx.shortest_path(self.graph, f"gpu:{a}", f"gpu:{b}")
+        return float(min(self.graph.edges[u, v]["bandwidth_GBps"]
+                         for u, v in zip(path, path[1:], strict=False)))

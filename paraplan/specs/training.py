@@ -1,0 +1,53 @@
+"""TrainingSpec: what is being trained per step and in what precision."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from paraplan.specs.base import StrictModel
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+
+# Bytes per element of the compute/weight dtype.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4, "tf32": 4}
+
+
+class TrainingSpec(StrictModel):
+    """One optimizer step: ``global_batch_size`` sequences of ``seq_len`` tokens."""
+
+    global_batch_size: int = Field(gt=0, le=100_000_000)
+    """Sequences per optimizer step (all data-parallel replicas together)."""
+    seq_len: int = Field(gt=0, le=100_000_000)
+    """Tokens per sequence."""
+    precision: Precision = "bf16"
+    """Compute dtype of matmuls. fp8 keeps bf16 weights/activations for everything else."""
+    optimizer: Literal["adam", "adamw", "sgd", "sgd_momentum", "adafactor"] = "adam"
+    """Mixed-precision Adam/AdamW keeps fp32 master weights, momentum and variance."""
+    master_weights: bool = True
+    """Keep an fp32 master copy (mixed precision). Ignored for fp32 training."""
+    flash_attention: bool = True
+    """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
+    tokens_to_train: float | None = Field(default=None, gt=0)
+    """Total training tokens, for time-to-train estimates."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes per weight/activation element (fp8 runs keep bf16 tensors)."""
+        return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]
+
+    @property
+    def optimizer_state_bytes_per_param(self) -> int:
+        """fp32 master + optimizer moments per parameter (Rajbhandari et al. 2020, sec 3.1).
+
+        Adam: 4 (master) + 4 (momentum) + 4 (variance) = 12; SGD with momentum 4 + 4;
+        plain SGD 4 (master only); Adafactor ~ master + factored moments (4 + ~0).
+        """
+        master = 4 if (self.master_weights and self.precision != "fp32") else 0
+        moments = {"adam": 8, "adamw": 8, "sgd": 0, "sgd_momentum": 4, "adafactor": 0}
+        return master + moments[self.optimizer]

@@ -1,0 +1,100 @@
+"""CLI through the real entry point (the installed ``paraplan`` console script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXE = shutil.which("paraplan", path=str(Path(sys.executable).parent)) or shutil.which("paraplan")
+CMD = [EXE] if EXE else [sys.executable, "-m", "paraplan"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PARAPLAN_DEBUG"}
+    env["COLUMNS"] = "120"
+    return subprocess.run([*CMD, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_profiles_json():
+    res = run("profiles", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert len(data["gpus"]) >= 10 and len(data["links"]) >= 8
+    assert len(data["models"]) >= 15
+    assert {"dgx-h100", "dtfm-worldwide", "dgx-a100-80gb"} <= set(data["clusters"])
+    assert len(data["clusters"]) >= 11
+    assert "h100-sxm" in data["details"]["gpus"]
+
+
+def test_profiles_table():
+    res = run("profiles")
+    assert res.returncode == 0 and "h100-sxm" in res.stdout and "Links" in res.stdout
+
+
+def test_describe_model_json():
+    res = run("describe", "--model", "mixtral-8x7b", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["num_params"] == pytest.approx(46.7e9, rel=0.01)
+    assert data["num_active_params"] == pytest.approx(12.9e9, rel=0.01)
+    assert data["shape"]["num_experts"] == 8
+
+
+def test_describe_hf_config(hf_dir):
+    res = run("describe", "--model", str(hf_dir / "llama3-70b.json"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["num_params"] == pytest.approx(70.6e9, rel=0.01)
+
+
+def test_describe_cluster_json_with_nodes():
+    res = run("describe", "--cluster", "dgx-h100", "--nodes", "32", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["num_gpus"] == 256 and data["memory_GiB_per_gpu"] == 80
+    assert data["peak_flops_per_gpu"]["bf16"] == pytest.approx(989e12)
+    assert {link["name"] for link in data["links"]} == {"nvlink4", "ib-ndr"}
+
+
+def test_describe_tables():
+    res = run("describe", "--model", "llama3-8b", "--cluster", "dtfm-worldwide")
+    assert res.returncode == 0, res.stderr
+    assert "8,030,261,248" in res.stdout and "Tokyo" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("describe", "--model", "llama9"), "unknown model 'llama9'"),
+        (("describe", "--cluster", "dgx-h100", "--nodes", "0"), "--nodes=0 must be a positive"),
+        (("describe", "--cluster", "dtfm-spot", "--nodes", "2"), "applies to clusters of one"),
+        (("describe",), "describe needs --model or --cluster"),
+        (("describe", "--bogus"), "No such option"),
+        (("describe", "--cluster", "dgx-h100", "--nodes", "x"), "--nodes"),
+        (("describe", "--model", "x", "--format", "xml"), "--format"),
+    ],
+)
+def test_bad_input_exit_2_one_line_no_traceback(args, needle):
+    res = run(*args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bad_yaml_file_exit_2(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("name: c\nnode: {gpu: h100-sxm, gpus_per_node: 8, inter_node_link: ib-ndr}\n")
+    res = run("describe", "--cluster", str(f))
+    assert res.returncode == 2
+    assert "intra_node_link is required when gpus_per_node=8" in res.stderr
+
+
+def test_help_has_examples():
+    res = run("--help")
+    assert res.returncode == 0 and "paraplan describe --model llama3-70b" in res.stdout
