@@ -41,7 +41,7 @@ def _as_path(value: str) -> Path | None:
     try:
         path = Path(value).expanduser()
         return path if path.exists() else None
-    except (OSError, ValueError):  # NUL bytes, over-long names
+    except (OSError, ValueError, RuntimeError):  # NUL bytes, long names, "~nouser"
         return None
 
 
