@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from paraplan.report_view import print_report
 from paraplan.specs import (
     SpecError,
     list_profiles,
@@ -231,6 +232,61 @@ def _print_cluster(out: Console, info: dict[str, Any]) -> None:
                   f"{max(r['latency_ms'] for r in info['region_links']):g} ms, bandwidth "
                   f"{min(r['bandwidth_Gbps'] for r in info['region_links']):g}-"
                   f"{max(r['bandwidth_Gbps'] for r in info['region_links']):g} Gb/s)")
+
+
+# ---- simulate --------------------------------------------------------------------------------
+def _read_plan(text: str):
+    """A plan from inline text (tp=8,pp=4,...), a JSON object, or a JSON/YAML file path."""
+    from paraplan.specs.loaders import _as_path, read_yaml
+    from paraplan.specs.plan import parse_plan
+
+    path = _as_path(text) if ("=" not in text and not text.strip().startswith("{")) else None
+    if path is not None and path.is_file():
+        if path.suffix.lower() == ".json":
+            return parse_plan(path.read_text(encoding="utf-8"))
+        return parse_plan(read_yaml(path, "plan"))
+    return parse_plan(text)
+
+
+@app.command()
+def simulate(
+    model: Annotated[str, typer.Option("--model", "-m", help="Preset, YAML or HF config.json.")],
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Preset or cluster YAML.")],
+    plan: Annotated[str, typer.Option("--plan", "-p",
+                                      help="Inline tp=8,pp=4,mbs=1,... or a plan JSON/YAML file.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per step.")],
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")],
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Number of nodes.")] = None,
+    precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
+    no_flash: Annotated[bool, typer.Option("--no-flash-attention",
+                                           help="Materialise s x s attention scores.")] = False,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Simulate one plan: step time, MFU, memory per GPU and where the time goes.
+
+    Example: paraplan simulate --model llama3-70b --cluster dgx-h100 --nodes 8
+    --plan tp=8,pp=4,mbs=1,sp=1,rc=selective --global-batch 256 --seq-len 8192
+    """
+    from pydantic import ValidationError
+
+    from paraplan.simulator.step import simulate as run_simulation
+    from paraplan.specs.errors import from_validation_error
+    from paraplan.specs.training import TrainingSpec
+
+    spec_model = load_model(model)
+    spec_cluster = load_cluster(cluster, nodes=nodes)
+    spec_plan = _read_plan(plan)
+    try:
+        training = TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
+                                precision=precision, flash_attention=not no_flash)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "training") from None
+    report = run_simulation(spec_model, spec_cluster, training, spec_plan).to_dict()
+    if fmt is Format.json:
+        emit_json(report)
+        return
+    print_report(console(), report, f"{spec_model.name} on {spec_cluster.num_gpus}x "
+                 f"{'+'.join(spec_cluster.gpu_types)}")
 
 
 # ---- entry point -----------------------------------------------------------------------------

@@ -10,11 +10,15 @@ the bidirectional sum (e.g. "900 GB/s" NVLink4 is 450 each way).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from paraplan.specs.base import StrictModel
+
+if TYPE_CHECKING:
+    from paraplan.specs.topology import Topology
 
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
 
@@ -223,6 +227,13 @@ class ClusterSpec(StrictModel):
     def gpus_per_node(self) -> int:
         """GPUs per node of the first node group."""
         return self.node_groups[0].gpus_per_node
+
+    @cached_property
+    def topology(self) -> Topology:
+        """The cluster's Topology, built once per spec instance (specs are immutable)."""
+        from paraplan.specs.topology import Topology
+
+        return Topology(self)
 
     def with_nodes(self, num_nodes: int) -> ClusterSpec:
         """Same node type, ``num_nodes`` nodes. Only for single-group clusters."""

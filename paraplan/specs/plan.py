@@ -49,6 +49,10 @@ class ParallelPlan(StrictModel):
     """Explicit transformer layers per pipeline stage (uneven split); None = even."""
     allow_cross_node_tp: bool = False
     """Permit a TP group to span nodes (normally a mistake: TP needs NVLink bandwidth)."""
+    overlap_grad_reduce: bool = True
+    """DP gradient reduction overlaps the backward pass (Megatron-Core --overlap-grad-reduce,
+    PyTorch DDP/FSDP buckets). False for frameworks that reduce after the pipeline flush
+    (Megatron-LM 2021, DeepSpeed pipeline engine)."""
     dp_sync_interval: int = Field(default=1, ge=1, le=1_000_000)
     """Local SGD / DiLoCo: replicas synchronize every H steps (1 = every step)."""
     grad_compression_ratio: float = Field(default=1.0, ge=1.0, le=1e6)

@@ -29,6 +29,8 @@ class TrainingSpec(StrictModel):
     """Keep an fp32 master copy (mixed precision). Ignored for fp32 training."""
     flash_attention: bool = True
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
+    dropout: bool = False
+    """Dropout layers (GPT-3-era training); adds masks to activation memory (Korthikanti)."""
     tokens_to_train: float | None = Field(default=None, gt=0)
     """Total training tokens, for time-to-train estimates."""
 

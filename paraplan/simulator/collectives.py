@@ -1,0 +1,93 @@
+"""Alpha-beta cost of collectives on a group of GPUs, routed over the cluster topology.
+
+Ring algorithms (Thakur et al. 2005; Patarasuk & Yuan 2009): for n ranks, S bytes,
+per-step latency alpha and per-rank one-direction bandwidth B,
+  all-reduce       2(n-1)*alpha + 2(n-1)/n * S/B
+  reduce-scatter    (n-1)*alpha +  (n-1)/n * S/B   (S = the full, unsharded buffer)
+  all-gather        (n-1)*alpha +  (n-1)/n * S/B   (S = the gathered result)
+  all-to-all        (n-1)*alpha +  (n-1)/n * S/B   (S = bytes each rank holds)
+  broadcast         log2(n)*alpha + S/B            (pipelined)
+  p2p               alpha + S/B
+Hierarchical all-reduce: reduce-scatter inside nodes, all-reduce of S/k across nodes, all-gather
+inside nodes (the NCCL/Horovod hierarchy); the cheaper of ring and hierarchy is used, as NCCL
+picks algorithms by size. B and alpha come from ``Topology.ring`` (bottleneck edge, link
+efficiency included). Times in seconds, sizes in bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from paraplan.specs.topology import RingCost, Topology
+
+
+def ring_all_reduce(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Ring all-reduce time, seconds."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * nbytes / bandwidth_Bps
+
+
+def ring_all_gather(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Ring all-gather (or reduce-scatter) of a ``nbytes`` full buffer, seconds."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) * latency_s + (n - 1) / n * nbytes / bandwidth_Bps
+
+
+ring_reduce_scatter = ring_all_gather
+
+
+def all_to_all(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Pairwise all-to-all where each rank holds ``nbytes`` and keeps 1/n, seconds."""
+    return ring_all_gather(nbytes, n, bandwidth_Bps, latency_s)
+
+
+def broadcast(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Pipelined tree/ring broadcast, seconds."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return math.ceil(math.log2(n)) * latency_s + nbytes / bandwidth_Bps
+
+
+def p2p(nbytes: float, bandwidth_Bps: float, latency_s: float) -> float:
+    """One point-to-point send, seconds."""
+    return 0.0 if nbytes <= 0 else latency_s + nbytes / bandwidth_Bps
+
+
+def _bps(cost: RingCost) -> float:
+    return cost.bandwidth_GBps * 1e9
+
+
+def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes: float) -> float:
+    """Time of ``kind`` (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) on
+    ``group`` of the topology, ring order as given; all-reduce also tries the hierarchy."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    ring = topology.ring(group)
+    bw, lat = _bps(ring), ring.latency_s
+    if kind == "all_reduce":
+        best = ring_all_reduce(nbytes, n, bw, lat)
+        hier = topology.hierarchical(group)
+        if hier.intra is not None and hier.inter is not None:
+            k = hier.gpus_per_node
+            t = (2 * ring_all_gather(nbytes, k, _bps(hier.intra), hier.intra.latency_s)
+                 + ring_all_reduce(nbytes / k, hier.num_nodes, _bps(hier.inter) / k,
+                                   hier.inter.latency_s))
+            best = min(best, t)
+        return best
+    if kind in ("all_gather", "reduce_scatter"):
+        return ring_all_gather(nbytes, n, bw, lat)
+    if kind == "all_to_all":
+        return all_to_all(nbytes, n, bw, lat)
+    if kind == "broadcast":
+        return broadcast(nbytes, n, bw, lat)
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
+    """Point-to-point send from GPU ``src`` to ``dst`` (all GPUs sending at once), seconds."""
+    cost = topology.pair(src, dst)
+    return p2p(nbytes, cost.bandwidth_GBps * 1e9, cost.latency_s)

@@ -1,0 +1,134 @@
+"""FLOPs per layer and per pass, and the model/hardware FLOPs of a training step.
+
+Conventions: one multiply-add = 2 FLOPs; a GEMM of (m x k) @ (k x n) costs 2*m*k*n. Backward
+costs twice the forward (input gradient + weight gradient), Narayanan et al. 2021 sec 5.1.
+Attention scores follow Megatron's accounting (full s x s, not halved for causal masks) for
+*model* FLOPs, so MFU matches the published convention; the *executed* attention FLOPs of a
+causal flash-attention kernel are about half (Dao 2023, FlashAttention-2 sec 3.1: causal
+blocks above the diagonal are skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one transformer layer for ``tokens`` tokens (b*s), by part.
+
+    ``gemm`` holds the dense projections (QKV, output, MLP or active experts, router);
+    ``attention`` the score and value products (QK^T and AV) at full s x s.
+    """
+
+    gemm: float
+    attention: float
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention
+
+
+def attention_projection_flops(model: ModelSpec, tokens: float) -> float:
+    """Q, K, V and output projections: 2*tokens*h*(q_out + 2*kv_out) + 2*tokens*q_out*h."""
+    h, d = model.hidden_size, model.head_size
+    q_out, kv_out = model.num_attention_heads * d, model.kv_heads * d
+    return 2.0 * tokens * h * (q_out + 2 * kv_out) + 2.0 * tokens * q_out * h
+
+
+def attention_score_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """QK^T and AV over full s x s per head: 4*b*s^2*a*d (Narayanan et al. 2021, eq. 2 term)."""
+    return 4.0 * batch * seq_len * seq_len * model.num_attention_heads * model.head_size
+
+
+def mlp_flops(model: ModelSpec, tokens: float, ffn: int) -> float:
+    """One MLP of width ``ffn``: 2*tokens*h*ffn per h x ffn matrix (2 matrices, 3 if gated)."""
+    return 2.0 * tokens * model.hidden_size * ffn * model.mlp_matrices
+
+
+def layer_forward_flops(model: ModelSpec, batch: float, seq_len: int, *, moe: bool) -> LayerFlops:
+    """Forward FLOPs of one layer on ``batch`` sequences of ``seq_len`` tokens.
+
+    MoE layers run the router (2*tokens*h*E) and top-k routed + shared experts per token.
+    """
+    tokens = batch * seq_len
+    gemm = attention_projection_flops(model, tokens)
+    if moe:
+        experts = model.moe_top_k + model.num_shared_experts
+        gemm += experts * mlp_flops(model, tokens, model.expert_ffn)
+        gemm += 2.0 * tokens * model.hidden_size * model.num_experts
+    else:
+        gemm += mlp_flops(model, tokens, model.ffn_hidden_size)
+    return LayerFlops(gemm=gemm, attention=attention_score_flops(model, batch, seq_len))
+
+
+def lm_head_flops(model: ModelSpec, tokens: float) -> float:
+    """Output projection to the vocabulary: 2*tokens*h*v (the embedding lookup is free)."""
+    return 2.0 * tokens * model.hidden_size * model.vocab_size
+
+
+def model_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """Forward FLOPs of the whole model for ``batch`` sequences (Megatron accounting)."""
+    dense = layer_forward_flops(model, batch, seq_len, moe=False).total
+    total = model.num_dense_layers * dense
+    if model.is_moe:
+        total += model.num_moe_layers * layer_forward_flops(model, batch, seq_len, moe=True).total
+    return total + lm_head_flops(model, batch * seq_len)
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:
+    """Model FLOPs of one step: 3x forward (forward + 2x backward), no recompute.
+
+    For a dense MHA GELU model this equals Megatron's 72*B*s*l*h^2*(1 + s/(6h) + v/(12*l*h))
+    (Narayanan et al. 2021 eq. 3 without the recompute pass; Korthikanti et al. 2022 sec 6).
+    """
+    return 3.0 * model_forward_flops(model, global_batch, seq_len)
+
+
+def recompute_forward_fraction(model: ModelSpec, seq_len: int, recompute: str) -> float:
+    """Extra forward work per layer as a fraction of the layer's forward FLOPs.
+
+    full: the whole layer forward again (1.0). selective: only the attention score/value
+    products (Korthikanti et al. 2022 sec 5): 4bs^2ad / layer forward.
+    """
+    if recompute == "full":
+        return 1.0
+    if recompute == "selective":
+        lf = layer_forward_flops(model, 1, seq_len, moe=False)
+        return lf.attention / lf.total
+    return 0.0
+
+
+def hardware_flops_per_step(
+    model: ModelSpec, global_batch: int, seq_len: int, recompute: str
+) -> float:
+    """FLOPs the hardware executes including recomputation (HFU numerator).
+
+    With full recompute of every layer (not the LM head) this is Megatron's
+    96*B*s*l*h^2*(1 + s/(6h) + v/(16*l*h)) for dense MHA GELU models (Narayanan et al. eq. 3).
+    """
+    base = model_flops_per_step(model, global_batch, seq_len)
+    if recompute == "none":
+        return base
+    head = lm_head_flops(model, global_batch * seq_len)
+    layers_fwd = model_forward_flops(model, global_batch, seq_len) - head
+    if recompute == "full":
+        return base + layers_fwd
+    # Selective: re-run the attention products of every layer.
+    return base + model.num_layers * attention_score_flops(model, global_batch, seq_len)
+
+
+def megatron_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int, *,
+                            recompute: bool) -> float:
+    """Megatron's closed form (Narayanan et al. 2021 eq. 3): 72 (96 with recompute) B s l h^2 (...).
+
+    Only exact for dense MHA models with a 4h GELU MLP; kept for conversions of published
+    TFLOP/s figures and as a cross-check of the general accounting above.
+    """
+    b, s, layers, h, v = global_batch, seq_len, model.num_layers, model.hidden_size, \
+        model.vocab_size
+    if recompute:
+        return 96.0 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    return 72.0 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))

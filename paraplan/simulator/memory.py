@@ -1,0 +1,207 @@
+"""Per-rank memory: weights, gradients, optimizer states, activations, buffers, reserve.
+
+Sources:
+* Mixed-precision Adam: 2 (bf16 weights) + 2 (grads) + 12 (fp32 master, momentum, variance)
+  bytes per parameter; ZeRO-1 shards the 12 over DP, ZeRO-2 also the grads, ZeRO-3 the
+  weights too (Rajbhandari et al. 2020, "ZeRO", sec 5 and Figure 1).
+* Activations per layer: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+  Transformer Models"), eq. 1-4 and Table 2: s*b*h*(34 + 5*a*s/h) bytes without parallelism,
+  generalised here term by term to GQA, gated MLPs and configurable dropout.
+* In-flight micro-batches per pipeline schedule: Narayanan et al. 2021 sec 2.2; Korthikanti
+  et al. 2022 sec 4.2.3 (interleaved: p*(1 + (p-1)/(p*v)) on the first stage).
+All results are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+GiB = 2.0**30
+
+# Memory the framework holds besides tensors: CUDA context + cuBLAS/NCCL workspaces. PyTorch
+# reports ~0.5-1 GiB of context per process on Hopper/Ampere before any tensor is allocated,
+# and NCCL allocates a few hundred MiB of buffers per communicator set.
+CUDA_CONTEXT_BYTES = 1.0 * GiB
+NCCL_BUFFER_BYTES = 0.5 * GiB
+# The caching allocator reserves more than it hands out (fragmentation); PyTorch's memory
+# docs and torchtitan's reserved-vs-active logs put this at roughly 5-10% of the peak.
+ALLOCATOR_FRAGMENTATION = 0.07
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes held by one rank of a pipeline stage at its peak."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    plan: ParallelPlan,
+    micro_batch: int,
+    *,
+    moe: bool,
+) -> float:
+    """Activation bytes one layer keeps for the backward pass, per rank, one micro-batch.
+
+    Korthikanti et al. 2022 eq. 1: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh (MHA, 4h
+    GELU MLP, dropout). Term by term (16-bit tensors = 2 bytes/element, masks 1 byte):
+    norm inputs 2+2, QKV input 2, Q 2, K and V 2*kv/a each, output-projection input 2,
+    MLP input 2, activation input 2*ffn/h (x2 when gated), second-matmul input 2*ffn/h,
+    dropout masks 1+1 (only with dropout), scores 5*a*s/h (2 softmax + 1 mask + 2 dropout
+    output; 2 without dropout; 0 with flash attention or selective recompute).
+    TP shards all but the norm/QKV/MLP inputs and masks by t; sequence parallelism shards
+    everything by t (Korthikanti eq. 2-4). CP divides s; MoE layers hold the MLP terms for
+    top-k routed copies of each token.
+    """
+    s = training.seq_len / plan.cp
+    b = micro_batch
+    h = model.hidden_size
+    t = plan.tp
+    a = model.num_attention_heads
+    kv_ratio = model.kv_heads / a
+    drop = 1.0 if training.dropout else 0.0
+    if plan.recompute == "full":
+        # Only the layer input is kept (2sbh), sharded by t under sequence parallelism.
+        return 2.0 * s * b * h / (t if plan.sequence_parallel else 1)
+
+    # Per token, in units of h elements (bytes = 2 per element, 1 per mask element).
+    replicated = 4.0 + 2.0 + 2.0 + 2.0 * drop  # norm inputs, QKV input, MLP input, masks
+    attn_split = 2.0 + 4.0 * kv_ratio + 2.0  # Q, K, V, output-projection input
+    gate = 2.0 if model.mlp_matrices == 3 else 1.0
+    if moe:
+        # Each token's top-k routed (+ shared) copies: expert input, activation input, second
+        # matmul input; split by expert-TP rather than TP.
+        copies = model.moe_top_k + model.num_shared_experts
+        ffn_ratio = model.expert_ffn / h
+        mlp_split = copies * (2.0 + 2.0 * ffn_ratio * gate + 2.0 * ffn_ratio)
+        mlp_t = plan.expert_tp
+    else:
+        ffn_ratio = model.ffn_hidden_size / h
+        mlp_split = 2.0 * ffn_ratio * gate + 2.0 * ffn_ratio
+        mlp_t = t
+    score = 0.0
+    if not training.flash_attention and plan.recompute != "selective":
+        score = (5.0 if training.dropout else 2.0) * a * s / h
+    if plan.sequence_parallel:
+        per_token_h = (replicated + attn_split + score) / t + mlp_split / mlp_t
+    else:
+        per_token_h = replicated + (attn_split + score) / t + mlp_split / mlp_t
+    return s * b * h * per_token_h
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
+                            selective: bool = False) -> float:
+    """The paper's closed forms (eq. 1-4) for MHA, 4h GELU, dropout; used as a test oracle."""
+    score = 0.0 if selective else 5.0 * a * s / h
+    if t == 1:
+        return s * b * h * (34 + score)
+    if sp:
+        return s * b * h * (34 + score) / t
+    return s * b * h * (10 + 24 / t + score / t)
+
+
+def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], stage: int,
+                     ) -> tuple[float, float]:
+    """(dense params, expert params) held by one rank of ``stage`` (counts, not bytes).
+
+    Dense weights are split by TP; expert weights by EP x expert-TP. The first stage holds the
+    word embedding (and learned positions), the last the LM head and final norm; with tied
+    embeddings and pp > 1 the last stage keeps its own copy (Megatron's shared-embedding
+    all-reduce). Layer index ranges follow ``layers`` (layers per stage).
+    """
+    start = sum(layers[:stage])
+    n = layers[stage]
+    moe_here = sum(1 for i in range(start, start + n)
+                   if model.is_moe and i >= model.first_dense_layers)
+    dense_here = n - moe_here
+    dense = dense_here * model.dense_layer_params
+    experts = 0.0
+    if moe_here:
+        shared = model.attention_params + model.router_params + model.norm_params_per_layer
+        shared += model.num_shared_experts * model.expert_params
+        dense += moe_here * shared
+        experts = moe_here * model.num_experts * model.expert_params
+    if stage == 0:
+        dense += model.embedding_params
+    if stage == len(layers) - 1:
+        head = model.lm_head_params
+        if model.tie_word_embeddings and len(layers) > 1:
+            head += model.vocab_size * model.hidden_size
+        dense += head
+    return dense / plan.tp, experts / (plan.ep * plan.expert_tp)
+
+
+def stage_memory(
+    model: ModelSpec,
+    training: TrainingSpec,
+    plan: ParallelPlan,
+    *,
+    dp: int,
+    layers: list[int],
+    stage: int,
+    inflight: float,
+) -> StageMemory:
+    """Peak bytes of one rank on pipeline ``stage`` (``layers`` = layers per stage).
+
+    ``inflight`` is the number of micro-batches whose activations are alive at the peak
+    (schedule dependent; see pipeline.inflight_microbatches). Expert weights are sharded
+    over the expert-data-parallel group (dp*cp*tp / (ep*etp)) under ZeRO.
+    """
+    dense, experts = params_per_stage(model, plan, layers, stage)
+    edp = max(1, dp * plan.cp * plan.tp // (plan.ep * plan.expert_tp))
+    ddp = dp * plan.cp
+    wbytes = training.compute_bytes
+    gbytes = training.compute_bytes
+    obytes = training.optimizer_state_bytes_per_param
+
+    def shard(count: float, group: int, stage_min: int) -> float:
+        return count / group if plan.zero_stage >= stage_min else count
+
+    weights = (shard(dense, ddp, 3) + shard(experts, edp, 3)) * wbytes
+    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * gbytes
+    optimizer = (shard(dense, ddp, 1) + shard(experts, edp, 1)) * obytes
+
+    start = sum(layers[:stage])
+    n = layers[stage]
+    mb = plan.micro_batch_size
+    act = 0.0
+    for i in range(start, start + n):
+        moe = model.is_moe and i >= model.first_dense_layers
+        act += layer_activation_bytes(model, training, plan, mb, moe=moe)
+    act *= inflight
+    if plan.recompute == "full" and n:
+        # Recomputing one layer re-materialises its full activations during its backward.
+        full = plan.model_copy(update={"recompute": "none"})
+        act += layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
+    s_local = training.seq_len / plan.cp
+    if stage == len(layers) - 1:
+        # Vocab-parallel cross entropy keeps fp32 logits of one micro-batch (4 bytes each).
+        act += 4.0 * s_local * mb * model.vocab_size / plan.tp
+    if stage == 0:
+        act += 2.0 * s_local * mb * model.hidden_size  # embedding output
+    other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+    if plan.zero_stage == 3:
+        # Two layers' full weights gathered at once (current + prefetch), FSDP-style.
+        layer_params = max(model.dense_layer_params,
+                           model.moe_layer_params / max(1, plan.ep) if model.is_moe else 0)
+        other += 2.0 * layer_params / plan.tp * wbytes
+    if dp > 1 and plan.zero_stage < 3:
+        # Gradient-reduction buckets (Megatron/DDP default ~ 40M elements, fp32).
+        other += min(dense + experts, 40e6) * 4.0
+    tensors = weights + grads + optimizer + act
+    other += ALLOCATOR_FRAGMENTATION * tensors
+    return StageMemory(weights, grads, optimizer, act, other)

@@ -1,0 +1,270 @@
+"""Compose compute, communication, pipeline and memory into one StepReport.
+
+Rank layout (Megatron-LM default order tp-cp-dp-pp, tp fastest):
+``rank = tp_r + tp*(cp_r + cp*(dp_r + dp*pp_r))``; experts use ``etp_r + etp*(ep_r + ...)``.
+Step time = pipeline span (forward/backward of every micro-batch incl. exposed TP/CP/EP
+communication, bubble, p2p) + exposed DP gradient synchronisation + ZeRO-3 gathers not hidden
+by compute + optimizer step. All times in seconds, memory in GiB (2^30 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from paraplan.simulator import collectives as coll
+from paraplan.simulator.compute import Device, layer_times, lm_head_times, optimizer_step_time
+from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
+from paraplan.simulator.memory import GiB, StageMemory, params_per_stage, stage_memory
+from paraplan.simulator.pipeline import inflight_microbatches, pipeline_time, simulate_pipeline
+from paraplan.specs.checks import check_plan
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+TIME_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
+             "optimizer", "exposed_comm")
+MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other", "peak")
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """The one result type: a simulated optimizer step of a plan (the JSON contract)."""
+
+    feasible: bool
+    reasons: list[str]
+    step_time_s: float | None
+    tokens_per_s: float | None
+    model_tflops_per_gpu: float | None
+    hardware_tflops_per_gpu: float | None
+    mfu: float | None
+    hfu: float | None
+    memory_gb: dict[str, float]
+    """Worst rank's memory by kind, GiB (2^30 bytes, as nvidia-smi/PyTorch report)."""
+    memory_per_stage_gb: list[float]
+    time_s: dict[str, float]
+    plan: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Derived quantities: dp, micro-batches, layers per stage, memory capacity, headroom."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(out.pop("extra"))
+        return out
+
+
+@dataclass(frozen=True)
+class _LayerCost:
+    """One layer, one micro-batch, one rank: pass times incl. exposed communication (s)."""
+
+    fwd: float
+    bwd: float
+    wgrad: float
+    compute: float
+    tp: float
+    cp: float
+    ep: float
+
+
+def even_split(num_layers: int, chunks: int) -> list[int]:
+    """Layers per chunk, as even as possible (earlier chunks get the remainder)."""
+    base, rem = divmod(num_layers, chunks)
+    return [base + (1 if i < rem else 0) for i in range(chunks)]
+
+
+def _infeasible(plan: ParallelPlan, reasons: list[str], extra: dict[str, Any] | None = None,
+                memory: dict[str, float] | None = None,
+                per_stage: list[float] | None = None) -> StepReport:
+    return StepReport(False, reasons, None, None, None, None, None, None,
+                      memory or dict.fromkeys(MEMORY_KEYS, 0.0), per_stage or [],
+                      dict.fromkeys(TIME_KEYS, 0.0), plan.model_dump(), extra or {})
+
+
+def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+             plan: ParallelPlan) -> StepReport:
+    """Simulate one training step of ``plan``; infeasible plans say why in ``reasons``."""
+    reasons = check_plan(model, cluster, training, plan)
+    if reasons:
+        return _infeasible(plan, reasons)
+    topo = cluster.topology
+    gpu = cluster.gpu
+    device = Device.of(gpu, training.precision)
+    n_gpus = cluster.num_gpus
+    dp = plan.resolved_dp(n_gpus)
+    p, v, t, cp = plan.pp, plan.virtual_stages, plan.tp, plan.cp
+    m = training.global_batch_size // (dp * plan.micro_batch_size)
+    chunks = plan.layers_per_stage or even_split(model.num_layers, p * v)
+    # Layers per pipeline rank (rank r holds chunks r, r+p, r+2p, ...).
+    layers = [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
+    mb_tokens = plan.micro_batch_size * training.seq_len / cp
+    act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
+
+    # ---- per-layer compute and exposed in-layer communication (one micro-batch) ----------
+    stage_span = p * dp * t * cp  # GPUs per stage block
+    tp_group = list(range(t))
+    cp_group = [t * i for i in range(cp)]
+    ep_group = [plan.expert_tp * j for j in range(plan.ep)]
+
+    def layer_cost(moe: bool) -> _LayerCost:
+        lt = layer_times(model, training, plan, device, moe=moe)
+        tp_c = 0.0
+        if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
+            tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
+        cp_c = 0.0
+        if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
+            kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
+            step = coll.group_p2p(topo, cp_group[0], cp_group[1], kv)
+            cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
+        ep_c = 0.0
+        if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
+            a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
+            ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
+        full = plan.recompute == "full"
+        recompute = lt.forward_s if full else (
+            lt.attention_fwd_s if plan.recompute == "selective" else 0.0)
+        # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
+        tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
+        cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
+        ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
+        return _LayerCost(
+            fwd=lt.forward_s + tp_f + cp_f + ep_f,
+            bwd=lt.backward_s + recompute + tp_b + cp_b + ep_b,
+            wgrad=lt.weight_grad_s,
+            compute=lt.forward_s + lt.backward_s + recompute,
+            tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
+        )
+
+    dense = layer_cost(False)
+    moe = layer_cost(True) if model.is_moe else dense
+    head_f, head_b = lm_head_times(model, training, plan, device)
+
+    t_f, t_b, t_w = [], [], []
+    comp, tp_sum, cp_sum, ep_sum = [], [], [], []
+    for r in range(p):
+        n_moe = sum(1 for i in _rank_layer_indices(chunks, p, v, r)
+                    if model.is_moe and i >= model.first_dense_layers)
+        n_dense = layers[r] - n_moe
+        f = n_dense * dense.fwd + n_moe * moe.fwd
+        b = n_dense * dense.bwd + n_moe * moe.bwd
+        c = n_dense * dense.compute + n_moe * moe.compute
+        if r == p - 1:
+            f, b, c = f + head_f, b + head_b, c + head_f + head_b
+        t_f.append(f)
+        t_b.append(b)
+        t_w.append(n_dense * dense.wgrad + n_moe * moe.wgrad)
+        comp.append(c)
+        tp_sum.append(n_dense * dense.tp + n_moe * moe.tp)
+        cp_sum.append(n_dense * dense.cp + n_moe * moe.cp)
+        ep_sum.append(n_dense * dense.ep + n_moe * moe.ep)
+
+    # ---- pipeline ------------------------------------------------------------------------
+    t_p2p = 0.0
+    if p > 1:
+        # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
+        t_p2p = coll.group_p2p(topo, 0, dp * t * cp, act_bytes / t)
+    equal = all(abs(x - t_f[0]) <= 1e-12 * max(1.0, t_f[0]) for x in t_f) and \
+        all(abs(x - t_b[0]) <= 1e-12 * max(1.0, t_b[0]) for x in t_b)
+    if equal:
+        pt = pipeline_time(plan.schedule, p, m, t_f[0], t_b[0], v=v, t_w=t_w[0], t_p2p=t_p2p)
+        span, bubble, pp_comm = pt.total_s, pt.bubble_s, pt.p2p_s
+    else:
+        tl = simulate_pipeline(plan.schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p)
+        span = tl.total_s
+        pp_comm = 2 * (m + p - 1) * t_p2p if p > 1 else 0.0
+        bubble = max(0.0, span - m * max(f + b for f, b in zip(t_f, t_b, strict=True)) - pp_comm)
+    crit = max(range(p), key=lambda r: t_f[r] + t_b[r])
+
+    # ---- data-parallel synchronisation ---------------------------------------------------
+    dp_group = [t * i for i in range(cp * dp)]
+    dense0, experts0 = params_per_stage(model, plan, layers, crit)
+    grad_bytes = training.compute_bytes / plan.grad_compression_ratio
+    edp = max(1, dp * cp * t // (plan.ep * plan.expert_tp))
+    edp_group = [plan.expert_tp * plan.ep * i for i in range(edp)]
+    dp_time = 0.0
+    zero3_exposed = 0.0
+    if len(dp_group) > 1 or edp > 1:
+        sync = coll.group_collective(topo, dp_group, "all_reduce", dense0 * grad_bytes)
+        if experts0:
+            sync += coll.group_collective(topo, edp_group, "all_reduce", experts0 * grad_bytes)
+        if plan.zero_stage == 3:
+            # FSDP: all-gather weights for forward and again for backward, reduce-scatter
+            # grads, every micro-batch; prefetching hides it behind that micro-batch's compute.
+            gather = coll.group_collective(topo, dp_group, "all_gather",
+                                           dense0 * training.compute_bytes)
+            if experts0:
+                gather += coll.group_collective(topo, edp_group, "all_gather",
+                                                experts0 * training.compute_bytes)
+            per_mb = 2 * gather + sync / 2
+            compute_mb = t_f[crit] + t_b[crit]
+            zero3_exposed = m * max(0.0, per_mb - compute_mb) + gather / max(1, layers[crit])
+            dp_time = 0.0
+        else:
+            window = t_b[0] if plan.overlap_grad_reduce else 0.0
+            buckets = max(1.0, (dense0 + experts0) / 40e6)
+            dp_time = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
+        dp_time /= plan.dp_sync_interval
+
+    # ---- optimizer -----------------------------------------------------------------------
+    shard = dp * cp if plan.zero_stage >= 1 else 1
+    eshard = edp if plan.zero_stage >= 1 else 1
+    opt = optimizer_step_time(dense0 / shard + experts0 / eshard, training, device)
+
+    step = span + dp_time + zero3_exposed + opt
+
+    # ---- memory --------------------------------------------------------------------------
+    mems: list[StageMemory] = []
+    for r in range(p):
+        inflight = inflight_microbatches(plan.schedule, p, m, r, v=v)
+        mems.append(stage_memory(model, training, plan, dp=dp, layers=layers, stage=r,
+                                 inflight=inflight))
+    worst = max(range(p), key=lambda r: mems[r].peak)
+    wm = mems[worst]
+    memory = {"weights": wm.weights / GiB, "grads": wm.grads / GiB,
+              "optimizer": wm.optimizer / GiB, "activations": wm.activations / GiB,
+              "other": wm.other / GiB, "peak": wm.peak / GiB}
+    per_stage = [mm.peak / GiB for mm in mems]
+    capacity = min(g.gpu.memory_GiB for g in cluster.node_groups)
+
+    tp_c, cp_c, ep_c = m * tp_sum[crit], m * cp_sum[crit], m * ep_sum[crit]
+    exposed = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3_exposed
+    time_s = {"compute": m * comp[crit], "tp_comm": tp_c, "cp_comm": cp_c, "ep_comm": ep_c,
+              "pp_comm": pp_comm, "dp_comm": dp_time + zero3_exposed, "bubble": bubble,
+              "optimizer": opt, "exposed_comm": exposed}
+    extra = {"dp": dp, "num_microbatches": m, "layers_per_stage": layers,
+             "memory_capacity_gb": capacity, "memory_headroom_gb": capacity - memory["peak"],
+             "num_gpus": n_gpus, "gpus_per_stage": stage_span // p, "worst_stage": worst,
+             "plan_short": plan.short(), "pp_p2p_s": t_p2p}
+    if memory["peak"] > capacity:
+        over = memory["peak"] - capacity
+        reason = (f"out of memory by {over:.1f} GiB on stage {worst} (needs "
+                  f"{memory['peak']:.1f} GiB of {capacity:g} GiB: weights "
+                  f"{memory['weights']:.1f}, grads {memory['grads']:.1f}, optimizer "
+                  f"{memory['optimizer']:.1f}, activations {memory['activations']:.1f}, other "
+                  f"{memory['other']:.1f}); try a higher zero_stage, recompute=selective/full, "
+                  "a smaller micro_batch_size or more tp/pp")
+        return _infeasible(plan, [reason], extra, memory, per_stage)
+
+    n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
+    h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,
+                                      plan.recompute)
+    peak = min(g.gpu.peak_flops(training.precision) for g in cluster.node_groups)
+    mtf = n_flops / step / n_gpus
+    htf = h_flops / step / n_gpus
+    return StepReport(
+        feasible=True, reasons=[], step_time_s=step,
+        tokens_per_s=training.tokens_per_step / step,
+        model_tflops_per_gpu=mtf / 1e12, hardware_tflops_per_gpu=htf / 1e12,
+        mfu=mtf / peak, hfu=htf / peak, memory_gb=memory, memory_per_stage_gb=per_stage,
+        time_s=time_s, plan=plan.model_dump(), extra=extra,
+    )
+
+
+def _rank_layer_indices(chunks: list[int], p: int, v: int, rank: int) -> list[int]:
+    """Global layer indices held by pipeline ``rank`` (chunk c*p + rank for c < v)."""
+    starts = [sum(chunks[:i]) for i in range(len(chunks))]
+    out: list[int] = []
+    for c in range(v):
+        idx = c * p + rank
+        out.extend(range(starts[idx], starts[idx] + chunks[idx]))
+    return out

@@ -1,0 +1,93 @@
+"""Cost-model formulas against hand-worked and published numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraplan import ModelSpec, ParallelPlan, TrainingSpec, load_cluster, load_model
+from paraplan.simulator import collectives as coll
+from paraplan.simulator.compute import Device, gemm_time
+from paraplan.simulator.flops import (
+    hardware_flops_per_step,
+    megatron_flops_per_step,
+    model_flops_per_step,
+)
+from paraplan.simulator.memory import korthikanti_layer_bytes, layer_activation_bytes
+
+
+def gpt_like(layers=96, h=12288, heads=96, vocab=51200) -> ModelSpec:
+    return ModelSpec(name="gpt", num_layers=layers, hidden_size=h, num_attention_heads=heads,
+                     ffn_hidden_size=4 * h, vocab_size=vocab, activation="gelu")
+
+
+def test_model_flops_equal_megatron_72_formula():
+    m = gpt_like()
+    b, s = 1536, 2048
+    assert model_flops_per_step(m, b, s) == pytest.approx(
+        megatron_flops_per_step(m, b, s, recompute=False), rel=1e-12)
+    # Hand-worked: 72*B*s*l*h^2*(1 + s/(6h) + v/(12 l h)) for GPT-3 175B at B=1536, s=2048.
+    hand = 72 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (12 * 96 * 12288))
+    assert model_flops_per_step(m, b, s) == pytest.approx(hand, rel=1e-12)
+    assert hand == pytest.approx(3.3862e18, rel=1e-4)  # ~ 6 * 175e9 * 3.15M tokens
+
+
+def test_hardware_flops_with_full_recompute_equal_megatron_96_formula():
+    m = gpt_like()
+    assert hardware_flops_per_step(m, 512, 2048, "full") == pytest.approx(
+        megatron_flops_per_step(m, 512, 2048, recompute=True), rel=1e-12)
+
+
+def test_six_n_t_rule_of_thumb():
+    # Kaplan et al. 2020: training FLOPs ~ 6 * params * tokens when s << 6h.
+    m = load_model("llama3-70b")
+    tokens = 1024 * 2048
+    approx = 6 * m.num_params * tokens
+    assert model_flops_per_step(m, 1024, 2048) == pytest.approx(approx, rel=0.08)
+
+
+@pytest.mark.parametrize(("t", "sp", "sel"), [(1, False, False), (8, False, False),
+                                              (8, True, False), (8, True, True), (4, False, True)])
+def test_activation_memory_matches_korthikanti(t, sp, sel):
+    m = gpt_like()
+    tr = TrainingSpec(global_batch_size=8, seq_len=2048, dropout=True, flash_attention=False)
+    plan = ParallelPlan(tp=t, sequence_parallel=sp, recompute="selective" if sel else "none")
+    got = layer_activation_bytes(m, tr, plan, 1, moe=False)
+    assert got == pytest.approx(korthikanti_layer_bytes(2048, 1, 12288, 96, t, sp=sp,
+                                                        selective=sel), rel=1e-12)
+
+
+def test_korthikanti_gpt3_numbers_by_hand():
+    # s*b*h*(34 + 5as/h) with s=2048, b=1, h=12288, a=96: 34 + 80 = 114 -> 2.869e9 bytes/layer.
+    assert korthikanti_layer_bytes(2048, 1, 12288, 96) == 2048 * 12288 * 114
+    # TP=8 without SP: 10 + 24/8 + 80/8 = 23.
+    assert korthikanti_layer_bytes(2048, 1, 12288, 96, 8) == 2048 * 12288 * 23
+
+
+def test_full_recompute_keeps_layer_input_only():
+    m = gpt_like()
+    tr = TrainingSpec(global_batch_size=8, seq_len=2048)
+    plan = ParallelPlan(tp=8, sequence_parallel=True, recompute="full")
+    assert layer_activation_bytes(m, tr, plan, 1, moe=False) == 2 * 2048 * 12288 / 8
+
+
+def test_ring_all_reduce_by_hand():
+    # 1 GB over 8 ranks at 100 GB/s with 10 us steps: 2*7*10us + 2*7/8*1e9/1e11 = 17.64 ms.
+    assert coll.ring_all_reduce(1e9, 8, 100e9, 10e-6) == pytest.approx(0.01764, rel=1e-12)
+    assert coll.ring_all_gather(1e9, 8, 100e9, 10e-6) == pytest.approx(0.00882, rel=1e-12)
+    assert coll.ring_all_reduce(1e9, 1, 100e9, 10e-6) == 0.0
+    assert coll.p2p(1e6, 1e9, 1e-3) == pytest.approx(2e-3)
+
+
+def test_group_all_reduce_on_nvlink_vs_ib():
+    topo = load_cluster("dgx-h100", nodes=2).topology
+    intra = coll.group_collective(topo, range(8), "all_reduce", 1e9)
+    inter = coll.group_collective(topo, [0, 8], "all_reduce", 1e9)
+    assert intra < inter  # NVLink ring beats one IB port per GPU
+
+
+def test_gemm_roofline_regimes():
+    dev = Device.of(load_cluster("dgx-h100").gpu, "bf16")
+    big = gemm_time(dev, 8192, 8192, 8192)
+    assert big == pytest.approx(2 * 8192**3 / dev.matmul_flops, rel=0.01)  # compute-bound
+    skinny = gemm_time(dev, 1, 8192, 8192)
+    assert skinny == pytest.approx(2 * 8192 * 8192 / dev.memory_Bps, rel=0.05)  # memory-bound
