@@ -289,6 +289,71 @@ def simulate(
                  f"{'+'.join(spec_cluster.gpu_types)}")
 
 
+# ---- validate-published ----------------------------------------------------------------------
+@app.command("validate-published")
+def validate_published_cmd(
+    csv_path: Annotated[str | None, typer.Argument(
+        help="Published-runs CSV (throughput or memory format); default: the bundled "
+             "published_throughput.csv.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Predict every published run in CSV and report the error (per row, per source, MAPE).
+
+    Example: paraplan validate-published shared/validation/published_throughput.csv
+    """
+    from paraplan.specs.loaders import _as_path
+    from paraplan.validate.predict import run_memory, run_published
+
+    is_memory = False
+    if csv_path is not None:
+        path = _as_path(csv_path)
+        if path is None or not path.is_file():
+            raise SpecError(f"CSV file {csv_path!r} not found", field="CSV", value=csv_path)
+        try:
+            header = path.read_text(encoding="utf-8").split("\n", 1)[0]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"cannot read CSV {csv_path!r}: {exc}", field="CSV") from None
+        if "memory_scope" in header:
+            is_memory = True
+        elif "measured_metric" not in header:
+            raise SpecError(f"CSV {csv_path!r} is neither the throughput format (needs column "
+                            "measured_metric) nor the memory format (memory_scope); see "
+                            "shared/validation/README.md", field="CSV", value=csv_path)
+    result = run_memory(csv_path) if is_memory else run_published(csv_path)
+    if fmt is Format.json:
+        emit_json(result)
+        return
+    _print_validation(console(), result)
+
+
+def _print_validation(out: Console, result: dict[str, Any]) -> None:
+    table = Table(title="error vs published runs (MAPE on step time; memory rows on GiB)",
+                  title_justify="left")
+    for col in ("source", "rows", "predicted", "MAPE %", "MAPE % (plan certain)", "worst row"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for src, info in result["by_source"].items():
+        worst = info.get("worst_row")
+        table.add_row(
+            src, str(info.get("n_rows", "")), str(info["n"]),
+            "-" if info["mape_pct"] is None else f"{info['mape_pct']:.1f}",
+            "-" if info.get("mape_pct_certain") is None else f"{info['mape_pct_certain']:.1f}",
+            "-" if not worst else f"#{worst['index']} {worst['model']} {worst['error_pct']:+.1f}%",
+        )
+    overall = result["mape_pct"]
+    table.add_row("[bold]all[/]", str(result["n_rows"]), str(result["n_predicted"]),
+                  "-" if overall is None else f"[bold]{overall:.1f}[/]",
+                  "-" if result.get("mape_pct_certain") is None
+                  else f"{result['mape_pct_certain']:.1f}",
+                  f"coverage {result.get('coverage_pct', 0):.0f}%")
+    out.print(table)
+    skipped = [r for r in result["rows"] if r["status"] != "ok"]
+    if skipped:
+        out.print(f"{len(skipped)} rows not predicted:")
+        for r in skipped[:20]:
+            out.print(f"  #{r['index']} {r['source_id']} {r['model']}: {r['status']}: "
+                      f"{r['reason']}")
+
+
 # ---- entry point -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: map bad input to exit 2 with one line, crashes to exit 1."""

@@ -12,7 +12,9 @@ All times are seconds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from paraplan.specs.cluster import GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -22,6 +24,15 @@ from paraplan.specs.training import TrainingSpec
 FLASH_FWD_RELATIVE = 0.73 / 0.87  # FlashAttention-2 fwd vs cuBLAS GEMM efficiency (Dao 2023)
 FLASH_BWD_RELATIVE = 0.63 / 0.87
 KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy stream
+# Output tiles cuBLAS/CUTLASS choose for large bf16 GEMMs on Ampere/Hopper; one tile per SM per
+# wave, so the last partial wave idles SMs ("wave quantization", NVIDIA Deep Learning
+# Performance Guide, Matrix Multiplication Background, sec. "Wave Quantization").
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+# SMs NCCL kernels occupy while a collective overlaps compute (NCCL runs one block per
+# channel; 16 channels is its usual count for NVLink/IB rings). Overlapped communication
+# therefore slows compute by about NCCL_SMS / sm_count (Calculon models the same effect as
+# compute "stolen" by overlapped collectives).
+NCCL_SMS = 16
 KERNELS_PER_LAYER_FWD = 12  # norms, QKV, rope, attention, proj, adds, MLP matmuls, activation
 
 
@@ -33,22 +44,99 @@ class Device:
     """Achievable dense GEMM throughput, FLOP/s (peak * matmul_efficiency)."""
     memory_Bps: float
     """Achievable memory bandwidth, bytes/s (peak * memory_bandwidth_efficiency)."""
+    sm_count: int | None = None
+    """SMs for wave quantization; None disables it."""
+    attention_fwd_flops: float = 0.0
+    """Achievable fused-attention forward throughput, FLOP/s (0: derive from matmul)."""
+    attention_bwd_flops: float = 0.0
+    fp8_cast_bytes: float = 0.0
+    """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
 
     @classmethod
-    def of(cls, gpu: GPUSpec, precision: str) -> Device:
+    def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused") -> Device:
         peak = gpu.peak_flops(precision) if precision in gpu.peak_tflops else \
             gpu.peak_flops("fp16")
-        return cls(peak * gpu.matmul_efficiency,
-                   gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency)
+        eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
+            else gpu.matmul_efficiency
+        matmul = peak * eff
+        # Attention kernels run in 16-bit even in fp8 training.
+        peak16 = max(gpu.peak_tflops.get("bf16", 0.0), gpu.peak_tflops.get("fp16", 0.0)) * 1e12
+        peak16 = peak16 or peak
+        fwd = peak16 * (gpu.attention_efficiency_fwd
+                        or gpu.matmul_efficiency * FLASH_FWD_RELATIVE)
+        bwd = peak16 * (gpu.attention_efficiency_bwd
+                        or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
+        return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
+                   gpu.sm_count, fwd, bwd,
+                   fp8_cast_bytes=(5.0 if kernels == "eager" else 1.0) if precision == "fp8"
+                   else 0.0)
+
+    @property
+    def nccl_slowdown(self) -> float:
+        """Fraction of compute lost while an NCCL collective runs alongside it."""
+        return NCCL_SMS / self.sm_count if self.sm_count else 0.0
+
+
+@lru_cache(maxsize=65536)
+def wave_efficiency(m: float, n: float, sm_count: int | None) -> float:
+    """Fraction of SM-time doing useful tiles for an m x n output (best of the usual tiles)."""
+    if not sm_count:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / sm_count)
+        best = max(best, tiles / (waves * sm_count))
+    return best
 
 
 def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 2.0) -> float:
-    """Roofline time of one (m x k) @ (k x n) GEMM, seconds."""
+    """Roofline time of one (m x k) @ (k x n) GEMM with wave quantization, seconds."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * m * n * k
     traffic = elem_bytes * (m * k + k * n + m * n)
-    return max(flops / device.matmul_flops, traffic / device.memory_Bps) + KERNEL_OVERHEAD_S
+    compute = flops / (device.matmul_flops * wave_efficiency(m, n, device.sm_count))
+    gemm = max(compute, traffic / device.memory_Bps) + KERNEL_OVERHEAD_S
+    if device.fp8_cast_bytes:
+        # Dynamic scaling casts both 16-bit inputs to fp8: eager (torchao tensorwise without
+        # compile) runs amax (read 2 B) and cast (read 2 B, write 1 B) as separate kernels;
+        # fused stacks (Transformer Engine, torch.compile) fold them into the producer and
+        # only write the 1-byte copy.
+        gemm += device.fp8_cast_bytes * (m * k + k * n) / device.memory_Bps
+    return gemm
+
+
+def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                                *, moe: bool) -> float:
+    """Bytes of memory traffic of one layer's forward non-GEMM ops, per token (one rank).
+
+    Counted per op from the kernels each implementation launches (read + write bytes per
+    element). Fused (Megatron fused kernels, torch.compile): a norm reads and writes once
+    (4 B/element), a residual add reads two and writes one (6), rotary reads and writes q/k
+    (4), the MLP activation reads its input(s) and writes once (4, or 6 when gated), dropout
+    writes a 1-byte mask too. Eager PyTorch (torchtitan without compile): RMSNorm in fp32
+    (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
+    complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
+    native kernels either way.
+    """
+    h = model.hidden_size
+    t = plan.tp
+    sp = t if plan.sequence_parallel else 1
+    eager = training.kernels == "eager"
+    norm = 36.0 if (eager and model.norm == "rmsnorm") else 4.0
+    gated = model.mlp_matrices == 3
+    act = (10.0 if eager else 6.0) if gated else 4.0
+    rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
+    etp = plan.expert_tp if moe else t
+    ffn = (model.expert_ffn * (model.moe_top_k + model.num_shared_experts)
+           if moe else model.ffn_hidden_size)
+    per_token = (2 * norm + 2 * 6.0) * h / sp
+    per_token += rope * h * (1 + model.kv_heads / model.num_attention_heads) / t
+    per_token += act * ffn / etp
+    if training.dropout:
+        per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
+    return per_token
 
 
 @dataclass(frozen=True)
@@ -101,8 +189,8 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     b = plan.micro_batch_size
     score_flops = 4.0 * b * s_q * training.seq_len * heads * d
     if training.flash_attention:
-        attn_fwd = 0.5 * score_flops / (device.matmul_flops * FLASH_FWD_RELATIVE)
-        attn_bwd = 2.0 * 0.5 * score_flops / (device.matmul_flops * FLASH_BWD_RELATIVE)
+        attn_fwd = 0.5 * score_flops / device.attention_fwd_flops
+        attn_bwd = 2.0 * 0.5 * score_flops / device.attention_bwd_flops
     else:
         elems = b * heads * s_q * training.seq_len
         softmax_bytes = elems * (12.0 if training.dropout else 6.0)  # write, read, write (+drop)
@@ -110,15 +198,8 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
         attn_bwd = 2.0 * score_flops / device.matmul_flops + 2.0 * softmax_bytes / \
             device.memory_Bps
 
-    # Memory-bound elementwise work, in elements of h per token (read + write, 2 bytes each):
-    # two norms (2+2), two residual adds (3+3), rotary on q and k, the MLP activation, dropout.
-    sp = t if plan.sequence_parallel else 1
-    ffn_full = (model.expert_ffn * (model.moe_top_k + model.num_shared_experts)
-                if moe else model.ffn_hidden_size)
-    elementwise = (10.0 / sp + 2.0 * (1 + model.kv_heads / model.num_attention_heads) / t
-                   + (gate + 1) * ffn_full / (h * (plan.expert_tp if moe else t))
-                   + (5.0 / sp if training.dropout else 0.0))
-    elem_fwd = 2.0 * tokens * h * elementwise / device.memory_Bps
+    elem_fwd = tokens * elementwise_bytes_per_token(model, training, plan, moe=moe) / \
+        device.memory_Bps
     overhead = KERNELS_PER_LAYER_FWD * KERNEL_OVERHEAD_S
 
     gemms = proj + mlp

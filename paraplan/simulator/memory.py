@@ -114,6 +114,13 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: b
     return s * b * h * (10 + 24 / t + score / t)
 
 
+def moe_layers_in(model: ModelSpec, start: int, count: int) -> int:
+    """MoE layers among global layers [start, start + count) (dense ones lead the model)."""
+    if not model.is_moe:
+        return 0
+    return max(0, start + count - max(start, model.first_dense_layers))
+
+
 def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], stage: int,
                      ) -> tuple[float, float]:
     """(dense params, expert params) held by one rank of ``stage`` (counts, not bytes).
@@ -125,8 +132,7 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
     """
     start = sum(layers[:stage])
     n = layers[stage]
-    moe_here = sum(1 for i in range(start, start + n)
-                   if model.is_moe and i >= model.first_dense_layers)
+    moe_here = moe_layers_in(model, start, n)
     dense_here = n - moe_here
     dense = dense_here * model.dense_layer_params
     experts = 0.0
@@ -145,6 +151,29 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
     return dense / plan.tp, experts / (plan.ep * plan.expert_tp)
 
 
+@dataclass(frozen=True)
+class LayerActivations:
+    """Per-layer activation bytes of one micro-batch: dense layer, MoE layer, and the full
+    activations one layer re-materialises while it is recomputed (0 without full recompute)."""
+
+    dense: float
+    moe: float
+    working: float
+
+
+def layer_activations(model: ModelSpec, training: TrainingSpec,
+                      plan: ParallelPlan) -> LayerActivations:
+    """Activation bytes per layer for ``plan`` (see layer_activation_bytes)."""
+    mb = plan.micro_batch_size
+    dense = layer_activation_bytes(model, training, plan, mb, moe=False)
+    moe = layer_activation_bytes(model, training, plan, mb, moe=True) if model.is_moe else dense
+    working = 0.0
+    if plan.recompute == "full":
+        full = plan.model_copy(update={"recompute": "none"})
+        working = layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
+    return LayerActivations(dense, moe, working)
+
+
 def stage_memory(
     model: ModelSpec,
     training: TrainingSpec,
@@ -154,6 +183,7 @@ def stage_memory(
     layers: list[int],
     stage: int,
     inflight: float,
+    per_layer: LayerActivations | None = None,
 ) -> StageMemory:
     """Peak bytes of one rank on pipeline ``stage`` (``layers`` = layers per stage).
 
@@ -178,19 +208,19 @@ def stage_memory(
     start = sum(layers[:stage])
     n = layers[stage]
     mb = plan.micro_batch_size
-    act = 0.0
-    for i in range(start, start + n):
-        moe = model.is_moe and i >= model.first_dense_layers
-        act += layer_activation_bytes(model, training, plan, mb, moe=moe)
-    act *= inflight
-    if plan.recompute == "full" and n:
+    n_moe = moe_layers_in(model, start, n)
+    la = per_layer or layer_activations(model, training, plan)
+    act = ((n - n_moe) * la.dense + n_moe * la.moe) * inflight
+    if n:
         # Recomputing one layer re-materialises its full activations during its backward.
-        full = plan.model_copy(update={"recompute": "none"})
-        act += layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
+        act += la.working
     s_local = training.seq_len / plan.cp
     if stage == len(layers) - 1:
-        # Vocab-parallel cross entropy keeps fp32 logits of one micro-batch (4 bytes each).
-        act += 4.0 * s_local * mb * model.vocab_size / plan.tp
+        # Cross entropy of one micro-batch: fused vocab-parallel kernels keep bf16 logits and
+        # an fp32 softmax (6 B/logit, Megatron's VocabParallelCrossEntropy); eager PyTorch
+        # also holds the fp32 upcast and the gradient (2 + 4 + 4 + 4 = 14 B/logit).
+        per_logit = 14.0 if training.kernels == "eager" else 6.0
+        act += per_logit * s_local * mb * model.vocab_size / plan.tp
     if stage == 0:
         act += 2.0 * s_local * mb * model.hidden_size  # embedding output
     other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES

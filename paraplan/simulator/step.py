@@ -15,7 +15,14 @@ from typing import Any
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compute import Device, layer_times, lm_head_times, optimizer_step_time
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
-from paraplan.simulator.memory import GiB, StageMemory, params_per_stage, stage_memory
+from paraplan.simulator.memory import (
+    GiB,
+    StageMemory,
+    layer_activations,
+    moe_layers_in,
+    params_per_stage,
+    stage_memory,
+)
 from paraplan.simulator.pipeline import inflight_microbatches, pipeline_time, simulate_pipeline
 from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
@@ -82,14 +89,20 @@ def _infeasible(plan: ParallelPlan, reasons: list[str], extra: dict[str, Any] | 
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-             plan: ParallelPlan) -> StepReport:
-    """Simulate one training step of ``plan``; infeasible plans say why in ``reasons``."""
+             plan: ParallelPlan, *, time_if_oom: bool = False) -> StepReport:
+    """Simulate one training step of ``plan``; infeasible plans say why in ``reasons``.
+
+    Args:
+        time_if_oom: still report times for a plan that does not fit in memory (``feasible``
+            stays False and ``reasons`` says by how much); used when validating against runs
+            that are known to have fit.
+    """
     reasons = check_plan(model, cluster, training, plan)
     if reasons:
         return _infeasible(plan, reasons)
     topo = cluster.topology
     gpu = cluster.gpu
-    device = Device.of(gpu, training.precision)
+    device = Device.of(gpu, training.precision, training.kernels)
     n_gpus = cluster.num_gpus
     dp = plan.resolved_dp(n_gpus)
     p, v, t, cp = plan.pp, plan.virtual_stages, plan.tp, plan.cp
@@ -102,15 +115,21 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- per-layer compute and exposed in-layer communication (one micro-batch) ----------
     stage_span = p * dp * t * cp  # GPUs per stage block
-    tp_group = list(range(t))
-    cp_group = [t * i for i in range(cp)]
-    ep_group = [plan.expert_tp * j for j in range(plan.ep)]
+    tp_group = tuple(range(t))
+    cp_group = tuple(t * i for i in range(cp))
+    ep_group = tuple(plan.expert_tp * j for j in range(plan.ep))
 
     def layer_cost(moe: bool) -> _LayerCost:
         lt = layer_times(model, training, plan, device, moe=moe)
         tp_c = 0.0
         if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
             tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
+            if plan.tp_comm_overlap:
+                # Async TP / userbuffers split the collective into chunks pipelined with the
+                # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
+                # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
+                cover = lt.weight_grad_s / 4
+                tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
         cp_c = 0.0
         if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
             kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
@@ -141,9 +160,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     t_f, t_b, t_w = [], [], []
     comp, tp_sum, cp_sum, ep_sum = [], [], [], []
+    starts = [0] * len(chunks)
+    for i in range(1, len(chunks)):
+        starts[i] = starts[i - 1] + chunks[i - 1]
     for r in range(p):
-        n_moe = sum(1 for i in _rank_layer_indices(chunks, p, v, r)
-                    if model.is_moe and i >= model.first_dense_layers)
+        n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r]) for c in range(v))
         n_dense = layers[r] - n_moe
         f = n_dense * dense.fwd + n_moe * moe.fwd
         b = n_dense * dense.bwd + n_moe * moe.bwd
@@ -163,24 +184,26 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if p > 1:
         # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
         t_p2p = coll.group_p2p(topo, 0, dp * t * cp, act_bytes / t)
-    equal = all(abs(x - t_f[0]) <= 1e-12 * max(1.0, t_f[0]) for x in t_f) and \
-        all(abs(x - t_b[0]) <= 1e-12 * max(1.0, t_b[0]) for x in t_b)
-    if equal:
-        pt = pipeline_time(plan.schedule, p, m, t_f[0], t_b[0], v=v, t_w=t_w[0], t_p2p=t_p2p)
-        span, bubble, pp_comm = pt.total_s, pt.bubble_s, pt.p2p_s
+    if plan.layers_per_stage is None:
+        # Even split: stages differ only by the embedding / LM head. Closed form on the mean
+        # stage plus the slowest stage's excess in every steady-state slot (exact when equal).
+        mean_f, mean_b, mean_w = sum(t_f) / p, sum(t_b) / p, sum(t_w) / p
+        pt = pipeline_time(plan.schedule, p, m, mean_f, mean_b, v=v, t_w=mean_w, t_p2p=t_p2p)
+        excess = m * (max(f + b for f, b in zip(t_f, t_b, strict=True)) - mean_f - mean_b)
+        span, pp_comm = pt.total_s + excess, pt.p2p_s
     else:
         tl = simulate_pipeline(plan.schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p)
         span = tl.total_s
         pp_comm = 2 * (m + p - 1) * t_p2p if p > 1 else 0.0
-        bubble = max(0.0, span - m * max(f + b for f, b in zip(t_f, t_b, strict=True)) - pp_comm)
     crit = max(range(p), key=lambda r: t_f[r] + t_b[r])
+    bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)
 
     # ---- data-parallel synchronisation ---------------------------------------------------
-    dp_group = [t * i for i in range(cp * dp)]
+    dp_group = tuple(t * i for i in range(cp * dp))
     dense0, experts0 = params_per_stage(model, plan, layers, crit)
-    grad_bytes = training.compute_bytes / plan.grad_compression_ratio
+    grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
     edp = max(1, dp * cp * t // (plan.ep * plan.expert_tp))
-    edp_group = [plan.expert_tp * plan.ep * i for i in range(edp)]
+    edp_group = tuple(plan.expert_tp * plan.ep * i for i in range(edp))
     dp_time = 0.0
     zero3_exposed = 0.0
     if len(dp_group) > 1 or edp > 1:
@@ -195,14 +218,21 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             if experts0:
                 gather += coll.group_collective(topo, edp_group, "all_gather",
                                                 experts0 * training.compute_bytes)
-            per_mb = 2 * gather + sync / 2
+            # Gathers: forward, backward, and the recompute forward under full checkpointing.
+            per_mb = (3 if plan.recompute == "full" else 2) * gather + sync / 2
             compute_mb = t_f[crit] + t_b[crit]
-            zero3_exposed = m * max(0.0, per_mb - compute_mb) + gather / max(1, layers[crit])
+            # Exposed: what compute cannot hide, the first layer's gather, and the SMs NCCL
+            # takes from compute while overlapped.
+            zero3_exposed = m * (max(0.0, per_mb - compute_mb)
+                                 + min(per_mb, compute_mb) * device.nccl_slowdown)
+            zero3_exposed += gather / max(1, layers[crit])
             dp_time = 0.0
         else:
             window = t_b[0] if plan.overlap_grad_reduce else 0.0
             buckets = max(1.0, (dense0 + experts0) / 40e6)
             dp_time = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
+            if plan.overlap_grad_reduce:
+                dp_time += min(sync, window) * device.nccl_slowdown
         dp_time /= plan.dp_sync_interval
 
     # ---- optimizer -----------------------------------------------------------------------
@@ -214,10 +244,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- memory --------------------------------------------------------------------------
     mems: list[StageMemory] = []
+    per_layer = layer_activations(model, training, plan)
     for r in range(p):
         inflight = inflight_microbatches(plan.schedule, p, m, r, v=v)
         mems.append(stage_memory(model, training, plan, dp=dp, layers=layers, stage=r,
-                                 inflight=inflight))
+                                 inflight=inflight, per_layer=per_layer))
     worst = max(range(p), key=lambda r: mems[r].peak)
     wm = mems[worst]
     memory = {"weights": wm.weights / GiB, "grads": wm.grads / GiB,
@@ -243,7 +274,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   f"{memory['optimizer']:.1f}, activations {memory['activations']:.1f}, other "
                   f"{memory['other']:.1f}); try a higher zero_stage, recompute=selective/full, "
                   "a smaller micro_batch_size or more tp/pp")
-        return _infeasible(plan, [reason], extra, memory, per_stage)
+        if not time_if_oom:
+            return _infeasible(plan, [reason], extra, memory, per_stage)
+        oom_reasons = [reason]
+    else:
+        oom_reasons = []
 
     n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
     h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,
@@ -252,19 +287,10 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     mtf = n_flops / step / n_gpus
     htf = h_flops / step / n_gpus
     return StepReport(
-        feasible=True, reasons=[], step_time_s=step,
+        feasible=not oom_reasons, reasons=oom_reasons, step_time_s=step,
         tokens_per_s=training.tokens_per_step / step,
         model_tflops_per_gpu=mtf / 1e12, hardware_tflops_per_gpu=htf / 1e12,
         mfu=mtf / peak, hfu=htf / peak, memory_gb=memory, memory_per_stage_gb=per_stage,
         time_s=time_s, plan=plan.model_dump(), extra=extra,
     )
 
-
-def _rank_layer_indices(chunks: list[int], p: int, v: int, rank: int) -> list[int]:
-    """Global layer indices held by pipeline ``rank`` (chunk c*p + rank for c < v)."""
-    starts = [sum(chunks[:i]) for i in range(len(chunks))]
-    out: list[int] = []
-    for c in range(v):
-        idx = c * p + rank
-        out.extend(range(starts[idx], starts[idx] + chunks[idx]))
-    return out

@@ -30,6 +30,8 @@ class GPUSpec(StrictModel):
     display_name: str | None = None
     vendor: Literal["nvidia", "amd", "intel", "other"] = "nvidia"
     architecture: str | None = None
+    sm_count: int | None = Field(default=None, gt=0, le=10_000)
+    """Streaming multiprocessors (compute units): GEMM tiles run in waves of this many."""
     memory_GiB: float = Field(gt=0, le=100_000)
     """Device memory capacity, GiB (2^30 bytes)."""
     memory_bandwidth_GBps: float = Field(gt=0)
@@ -38,6 +40,13 @@ class GPUSpec(StrictModel):
     """Dense tensor-core peak per dtype, TFLOP/s (1e12 FLOP/s)."""
     matmul_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achievable fraction of the 16-bit peak on large GEMMs (published measurement)."""
+    matmul_efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
+    """Achievable fraction of the fp8 peak on large GEMMs; None = matmul_efficiency."""
+    attention_efficiency_fwd: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the 16-bit peak a fused (Flash) attention forward reaches on this GPU;
+    None = matmul_efficiency scaled by FlashAttention-2's A100 ratio (73% vs 87%)."""
+    attention_efficiency_bwd: float | None = Field(default=None, gt=0, le=1)
+    """Same for the attention backward (FlashAttention-2 on A100: 63%)."""
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
     tdp_W: float | None = Field(default=None, gt=0)

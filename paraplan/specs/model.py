@@ -8,6 +8,7 @@ router, norms; plus word embedding, LM head (unless tied) and learned positions.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -125,7 +126,7 @@ class ModelSpec(StrictModel):
         return self.num_layers - self.num_moe_layers
 
     # ---- parameter counts (counts, not bytes) ---------------------------------------------
-    @property
+    @cached_property
     def attention_params(self) -> int:
         """Q, K, V, O projections of one layer (GQA shrinks K and V), with biases if any."""
         h, d = self.hidden_size, self.head_size
@@ -144,43 +145,43 @@ class ModelSpec(StrictModel):
         bias = ((self.mlp_matrices - 1) * ffn + h) if self.use_bias else 0
         return weights + bias
 
-    @property
+    @cached_property
     def dense_mlp_params(self) -> int:
         """MLP of a dense layer."""
         return self._mlp_params(self.ffn_hidden_size)
 
-    @property
+    @cached_property
     def expert_params(self) -> int:
         """One expert's MLP."""
         return self._mlp_params(self.expert_ffn)
 
-    @property
+    @cached_property
     def router_params(self) -> int:
         return self.hidden_size * self.num_experts
 
-    @property
+    @cached_property
     def norm_params_per_layer(self) -> int:
         """Two norms per block; LayerNorm has weight and bias, RMSNorm weight only."""
         per_norm = 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
         return 2 * per_norm
 
-    @property
+    @cached_property
     def dense_layer_params(self) -> int:
         return self.attention_params + self.dense_mlp_params + self.norm_params_per_layer
 
-    @property
+    @cached_property
     def moe_layer_params(self) -> int:
         """All experts (routed + shared) of one MoE layer, plus attention, router and norms."""
         experts = (self.num_experts + self.num_shared_experts) * self.expert_params
         return self.attention_params + experts + self.router_params + self.norm_params_per_layer
 
-    @property
+    @cached_property
     def moe_layer_active_params(self) -> int:
         """Parameters one token touches in an MoE layer (top-k routed + shared experts)."""
         experts = (self.moe_top_k + self.num_shared_experts) * self.expert_params
         return self.attention_params + experts + self.router_params + self.norm_params_per_layer
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         """Word embedding (+ learned positions, + embedding norm)."""
         params = self.vocab_size * self.hidden_size
@@ -190,21 +191,21 @@ class ModelSpec(StrictModel):
             params += 2 * self.hidden_size
         return params
 
-    @property
+    @cached_property
     def lm_head_params(self) -> int:
         """Output projection (0 when tied to the word embedding) plus the final norm."""
         final_norm = 2 * self.hidden_size if self.norm == "layernorm" else self.hidden_size
         head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         return head + final_norm
 
-    @property
+    @cached_property
     def num_params(self) -> int:
         """Total trainable parameters."""
         layers = self.num_dense_layers * self.dense_layer_params
         layers += self.num_moe_layers * self.moe_layer_params
         return layers + self.embedding_params + self.lm_head_params
 
-    @property
+    @cached_property
     def num_active_params(self) -> int:
         """Parameters used per token (= num_params for dense models)."""
         layers = self.num_dense_layers * self.dense_layer_params

@@ -49,6 +49,9 @@ class ParallelPlan(StrictModel):
     """Explicit transformer layers per pipeline stage (uneven split); None = even."""
     allow_cross_node_tp: bool = False
     """Permit a TP group to span nodes (normally a mistake: TP needs NVLink bandwidth)."""
+    tp_comm_overlap: bool = False
+    """Overlap TP collectives with the adjacent GEMMs (torchtitan async TP, Megatron-Core
+    --tp-comm-overlap with Transformer Engine userbuffers)."""
     overlap_grad_reduce: bool = True
     """DP gradient reduction overlaps the backward pass (Megatron-Core --overlap-grad-reduce,
     PyTorch DDP/FSDP buckets). False for frameworks that reduce after the pipeline flush

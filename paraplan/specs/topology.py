@@ -123,6 +123,8 @@ class Topology:
         irl = cluster.intra_region_link
         self._region_pair_bw = irl.bandwidth_GBps * irl.efficiency if irl else None
         self._region_pair_lat = irl.latency_s if irl else None
+        # Memo of ring/hierarchy answers per group (searchers ask the same groups repeatedly).
+        self._memo: dict[tuple, object] = {}
 
     # ---- point to point ------------------------------------------------------------------
     def _check(self, gpus: np.ndarray) -> None:
@@ -178,6 +180,10 @@ class Topology:
             shared: True (default) gives each GPU its fair share of the node's NICs, as when
                 every GPU communicates at once (collectives); False gives one full NIC.
         """
+        return self._memoized(f"pair{shared}", (int(a), int(b)),  # type: ignore[return-value]
+                              lambda ab: self._pair(ab[0], ab[1], shared))
+
+    def _pair(self, a: int, b: int, shared: bool) -> PathCost:
         arr_a, arr_b = np.array([a]), np.array([b])
         self._check(np.concatenate([arr_a, arr_b]))
         bw, lat, tier = self._pairs(arr_a, arr_b, shared=shared)
@@ -193,12 +199,24 @@ class Topology:
             raise SpecError("a communication group lists a GPU twice", field="group")
         return arr
 
+    def _memoized(self, kind: str, group: Sequence[int], fn) -> object:
+        key = (kind, group if isinstance(group, tuple) else tuple(np.asarray(group).tolist()))
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            hit = self._memo[key] = fn(group)
+        return hit
+
     def ring(self, group: Sequence[int]) -> RingCost:
         """Bottleneck of a ring visiting ``group`` in the given order (order matters on WANs).
 
         When k members share a node, NCCL drives k channels through k NICs, so inter-node ring
         edges get k times one member's NIC share (capped by the node's NICs).
         """
+        return self._memoized("ring", group, self._ring)  # type: ignore[return-value]
+
+    def _ring(self, group: Sequence[int]) -> RingCost:
         arr = self._group(group)
         n = int(arr.size)
         nodes, counts = np.unique(self.node_of_gpu[arr], return_counts=True)
@@ -215,6 +233,9 @@ class Topology:
 
     def hierarchical(self, group: Sequence[int]) -> HierarchicalCost:
         """Split ``group`` into per-node rings and one ring across nodes (first member each)."""
+        return self._memoized("hier", group, self._hierarchical)  # type: ignore[return-value]
+
+    def _hierarchical(self, group: Sequence[int]) -> HierarchicalCost:
         arr = self._group(group)
         node_ids = self.node_of_gpu[arr]
         nodes, first_idx, counts = np.unique(node_ids, return_index=True, return_counts=True)

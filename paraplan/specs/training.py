@@ -29,6 +29,12 @@ class TrainingSpec(StrictModel):
     """Keep an fp32 master copy (mixed precision). Ignored for fp32 training."""
     flash_attention: bool = True
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
+    kernels: Literal["fused", "eager"] = "fused"
+    """Non-GEMM kernels: fused (Megatron fused kernels, torch.compile) or eager PyTorch ops,
+    which move several times more bytes for RMSNorm, rotary and SwiGLU."""
+    grad_reduce_fp32: bool = False
+    """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
+    compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""
     dropout: bool = False
     """Dropout layers (GPT-3-era training); adds masks to activation memory (Korthikanti)."""
     tokens_to_train: float | None = Field(default=None, gt=0)
@@ -37,6 +43,11 @@ class TrainingSpec(StrictModel):
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element sent in the data-parallel reduction."""
+        return 4 if self.grad_reduce_fp32 else self.compute_bytes
 
     @property
     def compute_bytes(self) -> int:

@@ -1,0 +1,115 @@
+"""simulate(): the StepReport contract, breakdown consistency, infeasibility reasons."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from paraplan import TrainingSpec, load_cluster, load_model, parse_plan
+from paraplan.simulator.step import simulate
+from tests.test_cli import CMD
+
+CONTRACT = {"feasible", "reasons", "step_time_s", "tokens_per_s", "model_tflops_per_gpu",
+            "hardware_tflops_per_gpu", "mfu", "hfu", "memory_gb", "memory_per_stage_gb",
+            "time_s", "plan"}
+TIME_PARTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
+              "optimizer")
+
+
+def run(model="llama3-70b", cluster="dgx-h100", nodes=8, plan="tp=8,pp=4,mbs=1,sp=1",
+        gbs=256, seq=8192, **kw):
+    return simulate(load_model(model), load_cluster(cluster, nodes=nodes),
+                    TrainingSpec(global_batch_size=gbs, seq_len=seq, **kw), parse_plan(plan))
+
+
+def test_contract_keys_and_sane_values():
+    rep = run(plan="tp=8,pp=4,mbs=1,sp=1,rc=selective").to_dict()
+    assert set(rep) >= CONTRACT
+    assert rep["feasible"] and rep["reasons"] == []
+    assert 0.05 < rep["mfu"] < 0.8 and rep["hfu"] >= rep["mfu"]
+    assert set(rep["memory_gb"]) == {"weights", "grads", "optimizer", "activations", "other",
+                                     "peak"}
+    assert set(rep["time_s"]) == set(TIME_PARTS) | {"exposed_comm"}
+    assert len(rep["memory_per_stage_gb"]) == 4
+
+
+@pytest.mark.parametrize("plan", ["tp=8,pp=4,mbs=1,sp=1", "tp=4,pp=8,mbs=2,rc=full,zero=1",
+                                  "tp=8,pp=4,vpp=5,schedule=interleaved,sp=1,rc=selective",
+                                  "tp=8,pp=2,cp=2,sp=1,rc=full", "tp=8,pp=1,zero=3,rc=full"])
+def test_breakdown_adds_up_to_step_time(plan):
+    rep = run(plan=plan, nodes=16)
+    assert rep.step_time_s is not None, rep.reasons
+    parts = sum(rep.time_s[k] for k in TIME_PARTS)
+    assert parts == pytest.approx(rep.step_time_s, rel=1e-6)
+
+
+def test_mfu_is_model_flops_over_time_and_peak():
+    rep = run(plan="tp=8,pp=4,mbs=1,sp=1,rc=full")
+    from paraplan.simulator.flops import model_flops_per_step
+    flops = model_flops_per_step(load_model("llama3-70b"), 256, 8192)
+    assert rep.mfu == pytest.approx(flops / rep.step_time_s / 64 / 989e12, rel=1e-9)
+    assert rep.hfu > rep.mfu  # full recompute re-runs the forward
+
+
+def test_illegal_plan_reports_every_reason():
+    rep = run(model="llama3-8b", plan="tp=3,pp=3,sp=1", nodes=1)
+    assert not rep.feasible and rep.step_time_s is None and len(rep.reasons) >= 2
+
+
+def test_out_of_memory_says_by_how_much_and_where():
+    rep = run(plan="tp=8,pp=1,mbs=1", nodes=1, gbs=8)
+    assert not rep.feasible
+    (reason,) = rep.reasons
+    assert reason.startswith("out of memory by ") and "on stage 0" in reason
+    assert rep.memory_gb["peak"] > 80
+
+
+def test_zero_shards_optimizer_over_dp():
+    base = run(plan="tp=8,pp=4,mbs=1,sp=1,rc=full", nodes=16)
+    z1 = run(plan="tp=8,pp=4,mbs=1,sp=1,rc=full,zero=1", nodes=16)
+    assert z1.memory_gb["optimizer"] == pytest.approx(base.memory_gb["optimizer"] / 4, rel=1e-9)
+    assert z1.memory_gb["weights"] == pytest.approx(base.memory_gb["weights"])
+
+
+def test_more_microbatches_shrink_the_bubble_share():
+    few = run(plan="tp=8,pp=8,mbs=1,sp=1,rc=full", nodes=8, gbs=16)
+    many = run(plan="tp=8,pp=8,mbs=1,sp=1,rc=full", nodes=8, gbs=256)
+    assert few.time_s["bubble"] / few.step_time_s > many.time_s["bubble"] / many.step_time_s
+
+
+def test_interleaving_cuts_the_bubble():
+    plain = run(plan="tp=8,pp=8,mbs=1,sp=1,rc=full", nodes=8, gbs=64)
+    inter = run(plan="tp=8,pp=8,vpp=5,schedule=interleaved,mbs=1,sp=1,rc=full", nodes=8, gbs=64)
+    assert inter.time_s["bubble"] < plain.time_s["bubble"]
+
+
+def test_unequal_split_uses_event_simulation():
+    even = run(plan="tp=8,pp=4,mbs=1,sp=1,rc=full", nodes=8)
+    skew = run(plan="tp=8,pp=4,mbs=1,sp=1,rc=full,layers=26/18/18/18", nodes=8)
+    assert skew.step_time_s > even.step_time_s
+
+
+def test_moe_with_expert_parallel():
+    rep = run(model="mixtral-8x7b", plan="tp=2,pp=1,ep=8,mbs=1,sp=1,rc=full,zero=1", nodes=2,
+              gbs=64, seq=4096)
+    assert rep.feasible, rep.reasons
+    assert rep.time_s["ep_comm"] > 0
+
+
+def test_cli_simulate_json_through_entry_point():
+    res = subprocess.run([*CMD, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                          "--plan", "tp=2,pp=1,mbs=1,sp=1", "--global-batch", "64",
+                          "--seq-len", "4096", "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    assert set(rep) >= CONTRACT and rep["feasible"]
+
+
+def test_cli_simulate_bad_plan_exit_2():
+    res = subprocess.run([*CMD, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                          "--plan", "tp=8,pp=1,rc=sometimes", "--global-batch", "64",
+                          "--seq-len", "4096"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "plan.recompute='sometimes'" in res.stderr
