@@ -4,6 +4,7 @@ Stable API (see DESIGN.md): ``ModelSpec, ClusterSpec, TrainingSpec, ParallelPlan
 load_cluster`` (and ``simulate``, ``search`` once the simulator and searchers land).
 """
 
+from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs import (
     ClusterSpec,
     GPUSpec,
@@ -23,6 +24,7 @@ from paraplan.specs import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClusterSpec", "GPUSpec", "LinkSpec", "ModelSpec", "ParallelPlan", "SpecError", "Topology",
-    "TrainingSpec", "check_plan", "list_profiles", "load_cluster", "load_model", "parse_plan",
+    "ClusterSpec", "GPUSpec", "LinkSpec", "ModelSpec", "ParallelPlan", "SpecError", "StepReport",
+    "Topology", "TrainingSpec", "check_plan", "list_profiles", "load_cluster", "load_model",
+    "parse_plan", "simulate",
 ]

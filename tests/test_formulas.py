@@ -86,11 +86,38 @@ def test_group_all_reduce_on_nvlink_vs_ib():
 
 
 def test_gemm_roofline_regimes():
-    dev = Device.of(load_cluster("dgx-h100").gpu, "bf16")
+    dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")  # no measured table: roofline
     big = gemm_time(dev, 8192, 8192, 8192)
-    # 8192x8192 output in 128x256 tiles: 2048 tiles = 16 waves on 132 SMs -> 2048/2112.
+    # 8192x8192 output in 128x256 tiles: 2048 tiles = 16 waves on 132 SMs -> 2048/2112;
+    # on the A100's 108 SMs: 19 waves of 108 = 2052 slots -> 2048/2052.
     assert wave_efficiency(8192, 8192, 132) == pytest.approx(2048 / 2112)
-    assert big == pytest.approx(2 * 8192**3 / (dev.matmul_flops * 2048 / 2112),
+    assert wave_efficiency(8192, 8192, 108) == pytest.approx(2048 / 2052)
+    assert big == pytest.approx(2 * 8192**3 / (dev.matmul_flops * 2048 / 2052),
                                 rel=0.01)  # compute-bound
     skinny = gemm_time(dev, 1, 8192, 8192)
     assert skinny == pytest.approx(2 * 8192 * 8192 / dev.memory_Bps, rel=0.05)  # memory-bound
+
+
+def test_measured_gemm_table_interpolates_in_log_space():
+    from paraplan.specs import load_gpu
+    from paraplan.specs.loaders import load_gemm_table
+
+    table = load_gemm_table("sm_90")
+    # Grid point: b=1, 4096^3 measured 783.329 TF (and b=2/b=4 at m=2048/1024 fold into m=4096).
+    assert table.efficiency(16384, 4096, 4096) == pytest.approx(793.131 / 989)
+    mid = table.efficiency(4096, 4096, 3000)  # between k=2048 and k=4096
+    lo, hi = table.efficiency(4096, 4096, 2048), table.efficiency(4096, 4096, 4096)
+    assert min(lo, hi) <= mid <= max(lo, hi)
+    assert table.efficiency(1e6, 1e6, 1e6) == table.efficiency(16384, 4096, 4096)  # clamped
+    assert table.efficiency(256, 256, 256) < 0.05  # tiny GEMMs are launch-bound
+    dev = Device.of(load_gpu("h100-sxm"), "bf16")
+    t = gemm_time(dev, 16384, 4096, 4096)
+    assert t == pytest.approx(2 * 16384 * 4096 * 4096 / (989e12 * 793.131 / 989), rel=1e-9)
+
+
+def test_unknown_gemm_table_is_a_spec_error():
+    from paraplan.specs import SpecError
+    from paraplan.specs.loaders import load_gemm_table
+
+    with pytest.raises(SpecError, match="unknown gemm_table 'sm_42'"):
+        load_gemm_table("sm_42")

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from paraplan.specs.cluster import GPUSpec
+from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -49,6 +49,12 @@ class Device:
     attention_fwd_flops: float = 0.0
     """Achievable fused-attention forward throughput, FLOP/s (0: derive from matmul)."""
     attention_bwd_flops: float = 0.0
+    peak_flops: float = 0.0
+    """Dense peak of the GEMM dtype, FLOP/s (scales a measured GEMM table to this part)."""
+    gemm_table: GemmTable | None = None
+    """Measured GEMM throughput by shape; replaces roofline + wave quantization."""
+    table_scale: float = 1.0
+    """Relative efficiency of the GEMM dtype vs the table's 16-bit measurements (fp8)."""
     fp8_cast_bytes: float = 0.0
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
 
@@ -67,7 +73,8 @@ class Device:
         bwd = peak16 * (gpu.attention_efficiency_bwd
                         or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
-                   gpu.sm_count, fwd, bwd,
+                   gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=gpu.gemm_table,
+                   table_scale=eff / gpu.matmul_efficiency,
                    fp8_cast_bytes=(5.0 if kernels == "eager" else 1.0) if precision == "fp8"
                    else 0.0)
 
@@ -95,9 +102,14 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * m * n * k
-    traffic = elem_bytes * (m * k + k * n + m * n)
-    compute = flops / (device.matmul_flops * wave_efficiency(m, n, device.sm_count))
-    gemm = max(compute, traffic / device.memory_Bps) + KERNEL_OVERHEAD_S
+    if device.gemm_table is not None:
+        # Measured throughput at this shape (launch, waves and memory effects included).
+        eff = device.gemm_table.efficiency(m, n, k) * device.table_scale
+        gemm = flops / (device.peak_flops * eff)
+    else:
+        traffic = elem_bytes * (m * k + k * n + m * n)
+        compute = flops / (device.matmul_flops * wave_efficiency(m, n, device.sm_count))
+        gemm = max(compute, traffic / device.memory_Bps) + KERNEL_OVERHEAD_S
     if device.fp8_cast_bytes:
         # Dynamic scaling casts both 16-bit inputs to fp8: eager (torchao tensorwise without
         # compile) runs amax (read 2 B) and cast (read 2 B, write 1 B) as separate kernels;

@@ -14,27 +14,28 @@ Schedules (p stages/ranks, m micro-batches, v model chunks per rank):
   min(p-i, m) forwards, B0, min(i, .) pairs (F, B), W0, then (F, B, W) triples, (B, W) pairs
   and the deferred W's (the handcrafted order of Qi et al. 2023, as in Paddle's ZBH1 pass).
 
-P2P convention (synchronous, non-overlapped send/recv as in Megatron-LM's default): on a
-pipeline with p > 1 every F and every B op is followed, on its own stage, by one blocking
-transfer of its output lasting ``t_p2p``; the consumer on the neighbouring stage may start
-when that transfer ends (so F(i, j) starts >= end of F(i-1, j) + t_p2p, and the sender is busy
-meanwhile). F of the last model chunk and B of the first have no consumer but still pay one
-transfer (the receive half of Megatron's combined send/recv call), so every F/B op carries
-exactly one ``t_p2p`` and equal stages stay equal. W ops never communicate. Interleaving thus
-sends v times more messages (Narayanan et al. 2021, sec 2.2.2). Consequence: for equal stages
-every closed form is the p2p-free one with t_f -> t_f + t_p2p and t_b -> t_b + t_p2p per op,
-e.g. 1f1b: total = (m + p - 1) * (t_f + t_b + 2 * t_p2p). Events record compute only; the
-transfer occupies [end_s, end_s + t_p2p] on the stage.
+P2P convention (synchronous, non-overlapped send/recv as in Megatron-LM's default): with
+p > 1 every F and every B op is followed, on its own stage, by one blocking transfer of its
+output lasting ``t_p2p``; the consumer on the neighbouring stage may start when it ends (so
+F(i, j) starts >= end of F(i-1, j) + t_p2p, and the sender is busy meanwhile). F of the last
+model chunk and B of the first have no consumer but still pay one transfer (the receive half
+of Megatron's combined send/recv), so every F/B op carries exactly one ``t_p2p`` and equal
+stages stay equal; W ops never communicate; interleaving sends v times more messages
+(Narayanan et al. 2021 sec 2.2.2). Events record compute only; the transfer occupies
+[end_s, end_s + t_p2p]. For equal stages each closed form is thus the p2p-free one with
+t_f -> t_f + t_p2p and t_b -> t_b + t_p2p, and p2p_s = total - total(t_p2p=0) (what the
+transfers add), bubble_s = total(t_p2p=0) - m (t_f + t_b).
 
-Closed forms (exact, equal stages; all verified against the event simulation):
+Closed forms (exact for equal stages; verified against the event simulation):
 
-* gpipe, 1f1b: total = (m+p-1)(t_f+t_b) + 2(m+p-1) t_p2p, bubble (p-1)/(m+p-1) without p2p.
-* interleaved, m % p == 0: n = m*v + p - 1 chunk slots, total = n (t_f+t_b)/v + 2 n t_p2p
-  (bubble (p-1)(t_f+t_b)/v); m < p: n = m + v*p - 1; otherwise the event simulation is used.
-* zb-h1, with f = t_f + t_p2p, b = t_b - t_w + t_p2p, w = t_w:
+* gpipe, 1f1b: total = (m+p-1)(t_f + t_b + 2 t_p2p); bubble fraction (p-1)/(m+p-1) w/o p2p.
+* interleaved, m % p == 0: n = m v + p - 1 chunk slots, total = n (t_f+t_b)/v + 2 n t_p2p, so
+  bubble (p-1)(t_f+t_b)/v; m < p: n = m + v p - 1; other m: the event simulation is used.
+* zb-h1, with f = t_f + t_p2p, b = t_b - t_w + t_p2p, w = t_w (derived as the longest path):
   total = max(max(m,p) f + (m+p-1) b + m w,  (m+p-1) f + m b + m w,
-  (m+p-1)(f + b) + max(1, m-p+1) w), i.e. bubble (p-1)(f + b - w) when w <= min(f, b);
-  f = b = w gives (p-1) f, a third of 1F1B's 3(p-1) f (Qi et al. 2023, sec 2.1).
+  (m+p-1)(f + b) + max(1, m-p+1) w). For m >= p and t_w <= min(t_f, t_b - t_w) the bubble
+  is (p-1)(t_f + t_b - 2 t_w); t_f = t_b - t_w = t_w gives a third of 1F1B's bubble
+  (Qi et al. 2023 sec 2.1).
 
 All times are seconds.
 """
@@ -62,9 +63,8 @@ class PipelineTimes:
         total_s: First forward start to last backward end (incl. its transfer), seconds.
         compute_s: Busy compute per stage, m * (t_f + t_b), seconds.
         bubble_s: total_s - compute_s - p2p_s: the pipeline bubble without p2p, seconds.
-        p2p_s: Exposed point-to-point time: total_s minus the total with t_p2p = 0, i.e. what
-            the transfers add to the critical path (gpipe/1f1b/interleaved: all transfers on
-            it, e.g. 2(m+p-1) t_p2p for 1f1b), seconds.
+        p2p_s: Exposed point-to-point time, total_s minus the total with t_p2p = 0 (gpipe and
+            1f1b: 2(m+p-1) t_p2p, every transfer on the critical path), seconds.
         bubble_fraction: bubble_s / total_s (0 when total_s is 0).
     """
 
@@ -101,7 +101,7 @@ class Timeline:
             in chunk-micro-batches (each 1/v of the stage's activations).
         p2p_s: Per-stage time blocked in transfers, seconds.
         critical_p2p_s: Transfers on one critical path, seconds; >= the exposed p2p (total_s
-            minus the total with t_p2p = 0), equal for equal-stage gpipe/1f1b/interleaved.
+            minus the total with t_p2p = 0), equal to it where a closed form exists, except zb-h1.
     """
 
     events: list[Event]

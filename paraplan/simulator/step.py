@@ -85,7 +85,8 @@ def _infeasible(plan: ParallelPlan, reasons: list[str], extra: dict[str, Any] | 
                 per_stage: list[float] | None = None) -> StepReport:
     return StepReport(False, reasons, None, None, None, None, None, None,
                       memory or dict.fromkeys(MEMORY_KEYS, 0.0), per_stage or [],
-                      dict.fromkeys(TIME_KEYS, 0.0), plan.model_dump(), extra or {})
+                      dict.fromkeys(TIME_KEYS, 0.0), plan.model_dump(),
+                      {"plan_short": plan.short(), **(extra or {})})
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -192,9 +193,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         excess = m * (max(f + b for f, b in zip(t_f, t_b, strict=True)) - mean_f - mean_b)
         span, pp_comm = pt.total_s + excess, pt.p2p_s
     else:
-        tl = simulate_pipeline(plan.schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p)
-        span = tl.total_s
-        pp_comm = 2 * (m + p - 1) * t_p2p if p > 1 else 0.0
+        tl = simulate_pipeline(plan.schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p,
+                               record_events=False)
+        span, pp_comm = tl.total_s, tl.critical_p2p_s
     crit = max(range(p), key=lambda r: t_f[r] + t_b[r])
     bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)
 

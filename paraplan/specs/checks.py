@@ -70,10 +70,11 @@ def check_plan(
             f"tp={plan.tp} does not divide num_kv_heads={kv} (grouped-query attention needs "
             f"whole KV heads per rank); use tp in {_fmt(ok)}"
         )
+    tp_cap = None if plan.allow_cross_node_tp else min_gpn
     if model.ffn_hidden_size % plan.tp:
         reasons.append(
             f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}; use tp in "
-            f"{_fmt(divisors(model.ffn_hidden_size, 64))}"
+            f"{_fmt(divisors(model.ffn_hidden_size, tp_cap))}"
         )
     if plan.tp > min_gpn and not plan.allow_cross_node_tp:
         reasons.append(

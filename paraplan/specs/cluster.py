@@ -10,10 +10,12 @@ the bidirectional sum (e.g. "900 GB/s" NVLink4 is 450 each way).
 
 from __future__ import annotations
 
+import bisect
+import math
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from paraplan.specs.base import StrictModel
 
@@ -21,6 +23,72 @@ if TYPE_CHECKING:
     from paraplan.specs.topology import Topology
 
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
+
+
+class GemmTable(StrictModel):
+    """Measured GEMM throughput on a grid of shapes (TFLOP/s), for one GPU architecture.
+
+    ``tflops`` is flattened m-major over the ``m`` x ``n`` x ``k`` grid; ``m`` folds batched
+    entries in (a batch of b GEMMs of m rows counts as b*m rows). Lookups interpolate
+    trilinearly in log2(shape) and clamp at the grid's edges.
+    """
+
+    name: str
+    reference_peak_tflops: float = Field(gt=0)
+    """Dense 16-bit peak of the GPU the table was measured on (to scale to other parts)."""
+    m: list[int] = Field(min_length=1)
+    n: list[int] = Field(min_length=1)
+    k: list[int] = Field(min_length=1)
+    tflops: list[float]
+    sources: list[str] = Field(default_factory=list)
+    _memo: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _grid(self) -> GemmTable:
+        if len(self.tflops) != len(self.m) * len(self.n) * len(self.k):
+            raise ValueError("tflops must have len(m)*len(n)*len(k) entries")
+        for axis in (self.m, self.n, self.k):
+            if axis != sorted(set(axis)) or axis[0] <= 0:
+                raise ValueError("grid axes must be strictly increasing positive sizes")
+        return self
+
+    def efficiency(self, m: float, n: float, k: float) -> float:
+        """Measured TFLOP/s at (m, n, k) divided by the reference peak (0..1)."""
+        key = (m, n, k)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._interpolate(m, n, k) / self.reference_peak_tflops
+            if len(self._memo) > 65536:
+                self._memo.clear()
+            self._memo[key] = hit
+        return hit
+
+    @staticmethod
+    def _bracket(axis: list[int], x: float) -> tuple[int, int, float]:
+        lx = math.log2(min(max(x, axis[0]), axis[-1]))
+        i = min(max(bisect.bisect_right(axis, 2**lx) - 1, 0), len(axis) - 1)
+        j = min(i + 1, len(axis) - 1)
+        if i == j:
+            return i, j, 0.0
+        lo, hi = math.log2(axis[i]), math.log2(axis[j])
+        return i, j, (lx - lo) / (hi - lo)
+
+    def _interpolate(self, m: float, n: float, k: float) -> float:
+        (i0, i1, fm), (j0, j1, fn), (l0, l1, fk) = (
+            self._bracket(self.m, m), self._bracket(self.n, n), self._bracket(self.k, k))
+        nn, nk = len(self.n), len(self.k)
+
+        def at(i: int, j: int, l_: int) -> float:
+            return self.tflops[(i * nn + j) * nk + l_]
+
+        total = 0.0
+        for i, wi in ((i0, 1 - fm), (i1, fm)):
+            for j, wj in ((j0, 1 - fn), (j1, fn)):
+                for l_, wl in ((l0, 1 - fk), (l1, fk)):
+                    w = wi * wj * wl
+                    if w:
+                        total += w * at(i, j, l_)
+        return total
 
 
 class GPUSpec(StrictModel):
@@ -40,6 +108,9 @@ class GPUSpec(StrictModel):
     """Dense tensor-core peak per dtype, TFLOP/s (1e12 FLOP/s)."""
     matmul_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Achievable fraction of the 16-bit peak on large GEMMs (published measurement)."""
+    gemm_table: GemmTable | None = None
+    """Measured GEMM throughput by shape for this architecture (YAML: a table name such as
+    ``sm_90``); when present it replaces the roofline + wave-quantization estimate."""
     matmul_efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
     """Achievable fraction of the fp8 peak on large GEMMs; None = matmul_efficiency."""
     attention_efficiency_fwd: float | None = Field(default=None, gt=0, le=1)

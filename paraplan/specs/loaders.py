@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from paraplan.specs.cluster import ClusterSpec, GPUSpec, LinkSpec
+from paraplan.specs.cluster import ClusterSpec, GemmTable, GPUSpec, LinkSpec
 from paraplan.specs.errors import SpecError, from_validation_error
 from paraplan.specs.hf_config import model_from_hf_config
 from paraplan.specs.model import ModelSpec
@@ -90,7 +90,8 @@ def _build(cls: type[BaseModel], data: Any, where: str) -> Any:
         raise from_validation_error(exc, where) from None
 
 
-def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str) -> Any:
+def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str,
+                resolve: Any = None) -> Any:
     """A spec given as an instance, an inline mapping, a preset name or a YAML path."""
     if isinstance(ref, cls):
         return ref
@@ -99,18 +100,52 @@ def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str) -> Any:
     if not isinstance(ref, str) or not ref:
         raise SpecError(f"{where}={ref!r} must be a {kind[:-1]} name, a YAML path or a mapping",
                         field=where, value=ref, allowed=list_profiles(kind))
+    resolve = resolve or (lambda data: data)
     preset = profiles_dir() / kind / f"{ref}.yaml"
     if "/" not in ref and "\\" not in ref and preset.is_file():
-        return _build(cls, read_yaml(preset, where), where)
+        return _build(cls, resolve(read_yaml(preset, where)), where)
     path = _as_path(ref)
     if path is not None and path.is_file():
-        return _build(cls, read_yaml(path, where), where)
+        return _build(cls, resolve(read_yaml(path, where)), where)
     raise _unknown(kind, ref)
+
+
+def load_gemm_table(name: str) -> GemmTable:
+    """A bundled measured-GEMM table (``hardware_profiles/gemm/<name>.yaml`` + its CSV)."""
+    folder = profiles_dir() / "gemm"
+    meta_path = folder / f"{name}.yaml"
+    if not isinstance(name, str) or "/" in name or not meta_path.is_file():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        raise SpecError(f"unknown gemm_table {name!r}; known: {', '.join(known)}",
+                        field="gpu.gemm_table", value=name, allowed=known)
+    meta = read_yaml(meta_path, "gemm_table")
+    cells: dict[tuple[int, int, int], list[float]] = {}
+    for row in csv.DictReader(_read_text(folder / meta["csv"], "gemm_table").splitlines()):
+        if row["dtype"] != meta["dtype"]:
+            continue
+        key = (int(row["b"]) * int(row["m"]), int(row["n"]), int(row["k"]))
+        cells.setdefault(key, []).append(float(row["tflops"]))
+    ms, ns, ks = (sorted({key[i] for key in cells}) for i in range(3))
+    values = [sum(cells[(m, n, k)]) / len(cells[(m, n, k)]) for m in ms for n in ns for k in ks]
+    return _build(GemmTable, {"name": name, "reference_peak_tflops":
+                              meta["reference_peak_tflops"], "m": ms, "n": ns, "k": ks,
+                              "tflops": values, "sources": meta.get("sources", [])},
+                  "gemm_table")
+
+
+def _resolve_gpu(data: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(data.get("gemm_table"), str):
+        data = dict(data)
+        data["gemm_table"] = load_gemm_table(data["gemm_table"])
+    return data
 
 
 def load_gpu(ref: str | dict | GPUSpec) -> GPUSpec:
     """A GPU by preset name (``h100-sxm``), YAML path or mapping."""
-    return _load_named("gpus", ref, GPUSpec, "gpu")
+    if isinstance(ref, dict):
+        ref = _resolve_gpu(ref)
+    gpu = _load_named("gpus", ref, GPUSpec, "gpu", resolve=_resolve_gpu)
+    return gpu
 
 
 def load_link(ref: str | dict | LinkSpec) -> LinkSpec:
