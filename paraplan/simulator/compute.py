@@ -201,8 +201,12 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     b = plan.micro_batch_size
     score_flops = 4.0 * b * s_q * training.seq_len * heads * d
     if training.flash_attention:
-        attn_fwd = 0.5 * score_flops / device.attention_fwd_flops
-        attn_bwd = 2.0 * 0.5 * score_flops / device.attention_bwd_flops
+        # FlashAttention-1-class kernels run at about half of FlashAttention-2's throughput.
+        version = 1.0 if training.flash_attention_version == 2 else 2.0
+        attn_fwd = version * 0.5 * score_flops / device.attention_fwd_flops
+        # FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs, the
+        # accounting under which its published backward efficiency holds (Dao 2023, sec 4.1).
+        attn_bwd = version * 2.5 * 0.5 * score_flops / device.attention_bwd_flops
     else:
         elems = b * heads * s_q * training.seq_len
         softmax_bytes = elems * (12.0 if training.dropout else 6.0)  # write, read, write (+drop)

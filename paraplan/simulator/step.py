@@ -208,29 +208,40 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     dp_time = 0.0
     zero3_exposed = 0.0
     if len(dp_group) > 1 or edp > 1:
-        sync = coll.group_collective(topo, dp_group, "all_reduce", dense0 * grad_bytes)
-        if experts0:
-            sync += coll.group_collective(topo, edp_group, "all_reduce", experts0 * grad_bytes)
+        # Collectives run at their real granularity: DDP/Megatron buckets of ~40M elements,
+        # FSDP one unit per transformer layer; each pays the ring's per-step latency.
+        units = max(1, layers[crit])
+
+        def chunked(kind: str, group: tuple[int, ...], nbytes: float, chunks: float) -> float:
+            if nbytes <= 0:
+                return 0.0
+            chunks = max(1.0, chunks)
+            return chunks * coll.group_collective(topo, group, kind, nbytes / chunks)
+
+        params0 = dense0 + experts0
+        buckets = max(1.0, params0 / 40e6)
         if plan.zero_stage == 3:
-            # FSDP: all-gather weights for forward and again for backward, reduce-scatter
-            # grads, every micro-batch; prefetching hides it behind that micro-batch's compute.
-            gather = coll.group_collective(topo, dp_group, "all_gather",
-                                           dense0 * training.compute_bytes)
+            # FSDP: per layer, all-gather the weights for forward, again for backward (and for
+            # the recompute forward under full checkpointing), reduce-scatter the gradients,
+            # every micro-batch; prefetching hides it behind that micro-batch's compute.
+            gather = chunked("all_gather", dp_group, dense0 * training.compute_bytes, units)
+            scatter = chunked("reduce_scatter", dp_group, dense0 * grad_bytes, units)
             if experts0:
-                gather += coll.group_collective(topo, edp_group, "all_gather",
-                                                experts0 * training.compute_bytes)
-            # Gathers: forward, backward, and the recompute forward under full checkpointing.
-            per_mb = (3 if plan.recompute == "full" else 2) * gather + sync / 2
+                gather += chunked("all_gather", edp_group, experts0 * training.compute_bytes,
+                                  units)
+                scatter += chunked("reduce_scatter", edp_group, experts0 * grad_bytes, units)
+            per_mb = (3 if plan.recompute == "full" else 2) * gather + scatter
             compute_mb = t_f[crit] + t_b[crit]
             # Exposed: what compute cannot hide, the first layer's gather, and the SMs NCCL
             # takes from compute while overlapped.
             zero3_exposed = m * (max(0.0, per_mb - compute_mb)
                                  + min(per_mb, compute_mb) * device.nccl_slowdown)
-            zero3_exposed += gather / max(1, layers[crit])
-            dp_time = 0.0
+            zero3_exposed += gather / units
         else:
+            sync = chunked("all_reduce", dp_group, dense0 * grad_bytes, dense0 / 40e6)
+            if experts0:
+                sync += chunked("all_reduce", edp_group, experts0 * grad_bytes, experts0 / 40e6)
             window = t_b[0] if plan.overlap_grad_reduce else 0.0
-            buckets = max(1.0, (dense0 + experts0) / 40e6)
             dp_time = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
             if plan.overlap_grad_reduce:
                 dp_time += min(sync, window) * device.nccl_slowdown

@@ -29,6 +29,9 @@ class TrainingSpec(StrictModel):
     """Keep an fp32 master copy (mixed precision). Ignored for fp32 training."""
     flash_attention: bool = True
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
+    flash_attention_version: Literal[1, 2] = 2
+    """1 = FlashAttention-1-class kernels (flash-attn 1.x, the Triton flash kernel): about
+    half the throughput of FlashAttention-2 (Dao 2023, abstract: "2x speedup")."""
     kernels: Literal["fused", "eager"] = "fused"
     """Non-GEMM kernels: fused (Megatron fused kernels, torch.compile) or eager PyTorch ops,
     which move several times more bytes for RMSNorm, rotary and SwiGLU."""

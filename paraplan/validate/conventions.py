@@ -138,6 +138,10 @@ SOURCES: dict[str, SourceConvention] = {
 }
 
 FRAMEWORK_FP32_GRAD_REDUCE = frozenset({"torchtitan"})
+FRAMEWORK_FLASH_ATTENTION_V1 = frozenset({"llm-foundry-fsdp"})
+"""Frameworks whose runs used FlashAttention-1-class kernels: the MPT benchmark tables (2023,
+torch 1.13, see their TODO) use ALiBi, which only llm-foundry's `attn_impl: triton` kernel (the
+FlashAttention-1 algorithm in Triton) supported then."""
 FRAMEWORK_TP_COMM_OVERLAP = frozenset({"megatron-core"})
 """Frameworks whose recipes overlap TP communication with GEMMs: NeMo/Megatron-Core H100
 recipes set ``tp_comm_overlap: True`` (Transformer Engine userbuffers)."""

@@ -57,6 +57,7 @@ from paraplan.specs.loaders import cluster_from_dict
 from paraplan.validate.conventions import (
     FRAMEWORK_DP_GRAD_OVERLAP,
     FRAMEWORK_DROPOUT,
+    FRAMEWORK_FLASH_ATTENTION_V1,
     FRAMEWORK_FP32_GRAD_REDUCE,
     FRAMEWORK_TP_COMM_OVERLAP,
     SOURCES,
@@ -503,7 +504,9 @@ def _specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                            precision=precision, flash_attention=conv.flash_attention,
                            kernels=kernels,
                            grad_reduce_fp32=s.framework in FRAMEWORK_FP32_GRAD_REDUCE,
-                           dropout=s.framework in FRAMEWORK_DROPOUT)
+                           dropout=s.framework in FRAMEWORK_DROPOUT,
+                           flash_attention_version=1
+                           if s.framework in FRAMEWORK_FLASH_ATTENTION_V1 else 2)
         reasons = check_plan(s.model, s.cluster, s.training, s.plan)
         if reasons:
             raise _Skip("plan is illegal: " + "; ".join(reasons))
