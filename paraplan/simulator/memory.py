@@ -191,30 +191,42 @@ def stage_memory(
     (schedule dependent; see pipeline.inflight_microbatches). Expert weights are sharded
     over the expert-data-parallel group (dp*cp*tp / (ep*etp)) under ZeRO.
     """
+    inflights = [0.0] * len(layers)
+    inflights[stage] = inflight
+    return pipeline_memory(model, training, plan, dp=dp, layers=layers, inflight=inflights,
+                           per_layer=per_layer, only=stage)[0]
+
+
+@dataclass(frozen=True)
+class _StaticStage:
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    """Activation bytes that do not scale with in-flight micro-batches."""
+    other: float
+    """Framework memory before fragmentation."""
+
+
+def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, dp: int,
+                  layers: list[int], stage: int, la: LayerActivations) -> _StaticStage:
     dense, experts = params_per_stage(model, plan, layers, stage)
     edp = max(1, dp * plan.cp * plan.tp // (plan.ep * plan.expert_tp))
     ddp = dp * plan.cp
     wbytes = training.compute_bytes
-    gbytes = training.compute_bytes
     obytes = training.optimizer_state_bytes_per_param
+    z = plan.zero_stage
 
     def shard(count: float, group: int, stage_min: int) -> float:
-        return count / group if plan.zero_stage >= stage_min else count
+        return count / group if z >= stage_min else count
 
     weights = (shard(dense, ddp, 3) + shard(experts, edp, 3)) * wbytes
-    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * gbytes
+    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * wbytes
     optimizer = (shard(dense, ddp, 1) + shard(experts, edp, 1)) * obytes
-
-    start = sum(layers[:stage])
-    n = layers[stage]
     mb = plan.micro_batch_size
-    n_moe = moe_layers_in(model, start, n)
-    la = per_layer or layer_activations(model, training, plan)
-    act = ((n - n_moe) * la.dense + n_moe * la.moe) * inflight
-    if n:
-        # Recomputing one layer re-materialises its full activations during its backward.
-        act += la.working
     s_local = training.seq_len / plan.cp
+    # Recomputing one layer re-materialises its full activations during its backward.
+    act = la.working if layers[stage] else 0.0
     if stage == len(layers) - 1:
         # Cross entropy of one micro-batch: fused vocab-parallel kernels keep bf16 logits and
         # an fp32 softmax (6 B/logit, Megatron's VocabParallelCrossEntropy); eager PyTorch
@@ -224,14 +236,50 @@ def stage_memory(
     if stage == 0:
         act += 2.0 * s_local * mb * model.hidden_size  # embedding output
     other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
-    if plan.zero_stage == 3:
+    if z == 3:
         # Two layers' full weights gathered at once (current + prefetch), FSDP-style.
         layer_params = max(model.dense_layer_params,
                            model.moe_layer_params / max(1, plan.ep) if model.is_moe else 0)
         other += 2.0 * layer_params / plan.tp * wbytes
-    if dp > 1 and plan.zero_stage < 3:
+    if dp > 1 and z < 3:
         # Gradient-reduction buckets (Megatron/DDP default ~ 40M elements, fp32).
         other += min(dense + experts, 40e6) * 4.0
-    tensors = weights + grads + optimizer + act
-    other += ALLOCATOR_FRAGMENTATION * tensors
-    return StageMemory(weights, grads, optimizer, act, other)
+    return _StaticStage(weights, grads, optimizer, act, other)
+
+
+def pipeline_memory(
+    model: ModelSpec,
+    training: TrainingSpec,
+    plan: ParallelPlan,
+    *,
+    dp: int,
+    layers: list[int],
+    inflight: list[float],
+    per_layer: LayerActivations | None = None,
+    only: int | None = None,
+) -> list[StageMemory]:
+    """Peak bytes of one rank of every pipeline stage (or only stage ``only``).
+
+    Stages with the same shape (layer count, MoE layers, first/last) share their static part;
+    activations scale with each stage's in-flight micro-batches.
+    """
+    la = per_layer or layer_activations(model, training, plan)
+    cache: dict[tuple, _StaticStage] = {}
+    out: list[StageMemory] = []
+    last = len(layers) - 1
+    start = 0
+    for stage, n in enumerate(layers):
+        if only is not None and stage != only:
+            start += n
+            continue
+        n_moe = moe_layers_in(model, start, n)
+        key = (n, n_moe, stage == 0, stage == last)
+        st = cache.get(key)
+        if st is None:
+            st = cache[key] = _static_stage(model, training, plan, dp, layers, stage, la)
+        act = ((n - n_moe) * la.dense + n_moe * la.moe) * inflight[stage] + st.activations
+        tensors = st.weights + st.grads + st.optimizer + act
+        out.append(StageMemory(st.weights, st.grads, st.optimizer, act,
+                               st.other + ALLOCATOR_FRAGMENTATION * tensors))
+        start += n
+    return out

@@ -18,10 +18,9 @@ from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_st
 from paraplan.simulator.memory import (
     GiB,
     StageMemory,
-    layer_activations,
     moe_layers_in,
     params_per_stage,
-    stage_memory,
+    pipeline_memory,
 )
 from paraplan.simulator.pipeline import inflight_microbatches, pipeline_time, simulate_pipeline
 from paraplan.specs.checks import check_plan
@@ -255,12 +254,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     step = span + dp_time + zero3_exposed + opt
 
     # ---- memory --------------------------------------------------------------------------
-    mems: list[StageMemory] = []
-    per_layer = layer_activations(model, training, plan)
-    for r in range(p):
-        inflight = inflight_microbatches(plan.schedule, p, m, r, v=v)
-        mems.append(stage_memory(model, training, plan, dp=dp, layers=layers, stage=r,
-                                 inflight=inflight, per_layer=per_layer))
+    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v) for r in range(p)]
+    mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
+                                              inflight=inflight)
     worst = max(range(p), key=lambda r: mems[r].peak)
     wm = mems[worst]
     memory = {"weights": wm.weights / GiB, "grads": wm.grads / GiB,

@@ -15,7 +15,7 @@ import math
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, model_validator
 
 from paraplan.specs.base import StrictModel
 
@@ -41,7 +41,11 @@ class GemmTable(StrictModel):
     k: list[int] = Field(min_length=1)
     tflops: list[float]
     sources: list[str] = Field(default_factory=list)
-    _memo: dict = PrivateAttr(default_factory=dict)
+
+    @cached_property
+    def memo(self) -> dict[tuple[float, float, float], float]:
+        """Lookup cache (a plain dict: pydantic private attributes are slow to reach)."""
+        return {}
 
     @model_validator(mode="after")
     def _grid(self) -> GemmTable:
@@ -54,13 +58,14 @@ class GemmTable(StrictModel):
 
     def efficiency(self, m: float, n: float, k: float) -> float:
         """Measured TFLOP/s at (m, n, k) divided by the reference peak (0..1)."""
+        memo = self.memo
         key = (m, n, k)
-        hit = self._memo.get(key)
+        hit = memo.get(key)
         if hit is None:
             hit = self._interpolate(m, n, k) / self.reference_peak_tflops
-            if len(self._memo) > 65536:
-                self._memo.clear()
-            self._memo[key] = hit
+            if len(memo) > 65536:
+                memo.clear()
+            memo[key] = hit
         return hit
 
     @staticmethod
