@@ -121,3 +121,20 @@ def test_unknown_gemm_table_is_a_spec_error():
 
     with pytest.raises(SpecError, match="unknown gemm_table 'sm_42'"):
         load_gemm_table("sm_42")
+
+
+def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls():
+    # Llama 3 8B, no TP: layer input 4096 + attention output 4096 + half of the matmul
+    # outputs (q 4096, k 1024, v 1024, o 4096, w1 14336, w3 14336, w2 4096 = 43008) = 29696.
+    from paraplan.simulator.memory import op_checkpoint_elements
+
+    m = load_model("llama3-8b")
+    plan = ParallelPlan(recompute="op")
+    assert op_checkpoint_elements(m, plan, moe=False) == 4096 + 4096 + 43008 / 2
+    tr = TrainingSpec(global_batch_size=8, seq_len=8192)
+    assert layer_activation_bytes(m, tr, plan, 1, moe=False) == 8192 * 29696 * 2
+    # Hardware FLOPs: half of every layer's matmul FLOPs run again.
+    from paraplan.simulator.flops import layer_forward_flops
+
+    extra = hardware_flops_per_step(m, 8, 8192, "op") - model_flops_per_step(m, 8, 8192)
+    assert extra == pytest.approx(0.5 * 32 * layer_forward_flops(m, 8, 8192, moe=False).gemm)

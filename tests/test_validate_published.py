@@ -207,7 +207,7 @@ def test_torchtitan_tokens_per_s_to_step_time(cases, rows):
                  num_gpus="64", global_batch="64", seq_len="8192")
     assert case.measured_step_time_s == pytest.approx(64 * 8192 / (2904 * 64))
     assert case.framework == "torchtitan" and case.training.flash_attention
-    assert case.plan.zero_stage == 3 and case.plan.recompute == "selective"
+    assert case.plan.zero_stage == 3 and case.plan.recompute == "op"  # op-level SAC
     assert case.cluster.name == "dgx-a100-80gb"
     # torchtitan's 6N + 12 l h s with all parameters reproduces the published 56.8% MFU.
     per_token = torchtitan_flops_per_token(case.model.num_params, 32, 4096, 8192)
@@ -232,7 +232,7 @@ def test_torchtitan_pipeline_rows(cases, rows):
 def test_torchtitan_unstated_seq_len_is_assumed_and_doubtful(cases, rows):
     case = _case(cases, rows, 57, seq_len="", recompute="", gpu_type="H200",
                  measured_value="10938", global_batch="64", num_gpus="32")
-    assert case.training.seq_len == 8192 and case.plan.recompute == "selective"
+    assert case.training.seq_len == 8192 and case.plan.recompute == "op"
     assert case.doubtful and case.cluster.name == "hgx-h200"
     assert case.measured_step_time_s == pytest.approx(64 * 8192 / (10938 * 32))
 

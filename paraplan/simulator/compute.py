@@ -162,6 +162,8 @@ class LayerTimes:
     """The weight-gradient part of backward_s (the W pass of zero-bubble schedules)."""
     attention_fwd_s: float
     """Attention score/value part of forward_s (what selective recompute re-runs)."""
+    elementwise_fwd_s: float = 0.0
+    """Memory-bound part of forward_s (norms, activations, rotary, residual adds)."""
 
 
 def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
@@ -221,7 +223,7 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     gemms = proj + mlp
     forward = gemms + attn_fwd + elem_fwd + overhead
     backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
-    return LayerTimes(forward, backward, gemms, attn_fwd)
+    return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead)
 
 
 def lm_head_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

@@ -98,6 +98,9 @@ def recompute_forward_fraction(model: ModelSpec, seq_len: int, recompute: str) -
     if recompute == "selective":
         lf = layer_forward_flops(model, 1, seq_len, moe=False)
         return lf.attention / lf.total
+    if recompute == "op":  # every other matmul is re-run (torchtitan op-level SAC)
+        lf = layer_forward_flops(model, 1, seq_len, moe=False)
+        return 0.5 * lf.gemm / lf.total
     return 0.0
 
 
@@ -116,6 +119,13 @@ def hardware_flops_per_step(
     layers_fwd = model_forward_flops(model, global_batch, seq_len) - head
     if recompute == "full":
         return base + layers_fwd
+    if recompute == "op":  # half of every layer's matmuls run again
+        gemm = model.num_dense_layers * layer_forward_flops(model, global_batch, seq_len,
+                                                            moe=False).gemm
+        if model.is_moe:
+            gemm += model.num_moe_layers * layer_forward_flops(model, global_batch, seq_len,
+                                                               moe=True).gemm
+        return base + 0.5 * gemm
     # Selective: re-run the attention products of every layer.
     return base + model.num_layers * attention_score_flops(model, global_batch, seq_len)
 

@@ -77,6 +77,8 @@ def layer_activation_bytes(
     if plan.recompute == "full":
         # Only the layer input is kept (2sbh), sharded by t under sequence parallelism.
         return 2.0 * s * b * h / (t if plan.sequence_parallel else 1)
+    if plan.recompute == "op":
+        return s * b * op_checkpoint_elements(model, plan, moe=moe) * 2.0
 
     # Per token, in units of h elements (bytes = 2 per element, 1 per mask element).
     replicated = 4.0 + 2.0 + 2.0 + 2.0 * drop  # norm inputs, QKV input, MLP input, masks
@@ -101,6 +103,28 @@ def layer_activation_bytes(
     else:
         per_token_h = replicated + (attn_split + score) / t + mlp_split / mlp_t
     return s * b * h * per_token_h
+
+
+def op_checkpoint_elements(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -> float:
+    """16-bit elements per token one layer keeps under op-level selective checkpointing.
+
+    torchtitan's ``selective_ac_option = "op"`` policy (torchtitan/models/llama3/infra/
+    parallelize.py, _save_list): the layer input, the fused attention output, and every other
+    matmul output are saved; norms, activations and rotary are recomputed.
+    """
+    t = plan.tp
+    sp = t if plan.sequence_parallel else 1
+    d = model.head_size
+    q_out = model.num_attention_heads * d / t
+    kv_out = model.kv_heads * d / t
+    gated = 2 if model.mlp_matrices == 3 else 1
+    if moe:
+        copies = model.moe_top_k + model.num_shared_experts
+        mlp_outs = copies * (gated * model.expert_ffn / plan.expert_tp + model.hidden_size)
+    else:
+        mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
+    matmul_outs = q_out + 2 * kv_out + model.hidden_size / sp + mlp_outs
+    return model.hidden_size / sp + q_out + 0.5 * matmul_outs
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
@@ -168,7 +192,7 @@ def layer_activations(model: ModelSpec, training: TrainingSpec,
     dense = layer_activation_bytes(model, training, plan, mb, moe=False)
     moe = layer_activation_bytes(model, training, plan, mb, moe=True) if model.is_moe else dense
     working = 0.0
-    if plan.recompute == "full":
+    if plan.recompute in ("full", "op"):
         full = plan.model_copy(update={"recompute": "none"})
         working = layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
     return LayerActivations(dense, moe, working)

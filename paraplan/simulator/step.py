@@ -140,8 +140,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
             ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
         full = plan.recompute == "full"
-        recompute = lt.forward_s if full else (
-            lt.attention_fwd_s if plan.recompute == "selective" else 0.0)
+        recompute = {
+            "full": lt.forward_s,
+            "selective": lt.attention_fwd_s,
+            # op-level SAC re-runs every other matmul and every memory-bound op.
+            "op": 0.5 * lt.weight_grad_s + lt.elementwise_fwd_s,
+        }.get(plan.recompute, 0.0)
         # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
         tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
         cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
@@ -220,16 +224,17 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         params0 = dense0 + experts0
         buckets = max(1.0, params0 / 40e6)
         if plan.zero_stage == 3:
-            # FSDP: per layer, all-gather the weights for forward, again for backward (and for
-            # the recompute forward under full checkpointing), reduce-scatter the gradients,
-            # every micro-batch; prefetching hides it behind that micro-batch's compute.
+            # FSDP: per layer, all-gather the weights for forward and again for backward, and
+            # reduce-scatter the gradients, every micro-batch; prefetching hides it behind that
+            # micro-batch's compute. A checkpointed layer is recomputed inside its backward,
+            # while its weights are gathered, so recomputation adds no gather.
             gather = chunked("all_gather", dp_group, dense0 * training.compute_bytes, units)
             scatter = chunked("reduce_scatter", dp_group, dense0 * grad_bytes, units)
             if experts0:
                 gather += chunked("all_gather", edp_group, experts0 * training.compute_bytes,
                                   units)
                 scatter += chunked("reduce_scatter", edp_group, experts0 * grad_bytes, units)
-            per_mb = (3 if plan.recompute == "full" else 2) * gather + scatter
+            per_mb = 2 * gather + scatter
             compute_mb = t_f[crit] + t_b[crit]
             # Exposed: what compute cannot hide, the first layer's gather, and the SMs NCCL
             # takes from compute while overlapped.

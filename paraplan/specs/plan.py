@@ -15,7 +15,7 @@ from paraplan.specs.base import StrictModel
 from paraplan.specs.errors import SpecError, from_validation_error
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "op", "full"]
 
 
 class ParallelPlan(StrictModel):
@@ -44,7 +44,9 @@ class ParallelPlan(StrictModel):
     virtual_stages: int = Field(default=1, ge=1, le=1024)
     """Model chunks per pipeline rank (Megatron's virtual pipeline size)."""
     recompute: Recompute = "none"
-    """Activation recomputation: none, selective (attention core), full (whole layer)."""
+    """Activation recomputation: none; selective (Megatron: the attention core); op
+    (torchtitan's op-level selective checkpointing: keep attention outputs and every other
+    matmul output, recompute the rest); full (whole layer)."""
     layers_per_stage: list[int] | None = None
     """Explicit transformer layers per pipeline stage (uneven split); None = even."""
     allow_cross_node_tp: bool = False

@@ -497,6 +497,10 @@ def _specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         kernels = "eager" if (s.framework == "torchtitan" and not compiled) else "fused"
         origin = "torch.compile" if compiled else s.framework
         s.notes.append(f"{kernels} non-GEMM kernels ({origin})")
+        if s.framework == "torchtitan" and s.plan.recompute == "selective":
+            # torchtitan's selective mode defaults to selective_ac_option = "op".
+            s.plan = s.plan.model_copy(update={"recompute": "op"})
+            s.notes.append("torchtitan selective = op-level SAC (selective_ac_option='op')")
         if s.plan.tp > 1 and ("asynctp" in notes or s.framework in FRAMEWORK_TP_COMM_OVERLAP):
             s.plan = s.plan.model_copy(update={"tp_comm_overlap": True})
             s.notes.append("TP communication overlapped with GEMMs (async TP / userbuffers)")
