@@ -122,16 +122,15 @@ OMNI_PATH_100G = {
 }
 
 
-@dataclass(frozen=True)
-class PublishedCase:
-    """One published throughput row, ready for the simulator (or with a reason it is not)."""
+@dataclass(frozen=True, kw_only=True)
+class _Case:
+    """What every published row carries: its identity and the specs built from it."""
 
     index: int
     source_id: str
     model_name: str
     metric: str
     measured: float
-    measured_step_time_s: float | None
     model: ModelSpec | None
     cluster: ClusterSpec | None
     training: TrainingSpec | None
@@ -144,12 +143,19 @@ class PublishedCase:
     num_gpus: int | None = None
     dp_grad_overlap: bool | None = None
     """The framework overlaps DP gradient reduction with backward (see conventions)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedCase(_Case):
+    """One published throughput row, ready for the simulator (or with a reason it is not)."""
+
+    measured_step_time_s: float | None
     shape: RunShape | None = None
     """The row's numbers for the source's FLOP formula (to convert predictions back)."""
 
 
-@dataclass(frozen=True)
-class MemoryCase:
+@dataclass(frozen=True, kw_only=True)
+class MemoryCase(_Case):
     """One published memory row. ``metric`` names what was measured, in ``measured``'s units:
 
     ``peak_memory_gib``, ``param_optimizer_memory_gib``, ``activation_memory_gib`` (GiB per GPU)
@@ -157,27 +163,12 @@ class MemoryCase:
     memory; ``measured_gib`` is None then).
     """
 
-    index: int
-    source_id: str
-    model_name: str
-    metric: str
-    measured: float
     unit: str
     measured_gib: float | None
     scope: str
     measured_or_analytical: str
     is_measured: bool
     """The source says it measured the value (False: analytical or unclear)."""
-    model: ModelSpec | None
-    cluster: ClusterSpec | None
-    training: TrainingSpec | None
-    plan: ParallelPlan | None
-    skip_reason: str | None
-    doubtful: bool
-    framework: str
-    assumptions: tuple[str, ...] = ()
-    num_gpus: int | None = None
-    dp_grad_overlap: bool | None = None
 
 
 # ---- reading cells ----------------------------------------------------------------------------
@@ -693,6 +684,17 @@ def _summary(rows: list[dict[str, Any]], basis: str) -> dict[str, Any]:
     }
 
 
+def _row(case: _Case, **extra: Any) -> dict[str, Any]:
+    """A report row for ``case`` before prediction (status skipped until scored)."""
+    return {
+        "index": case.index, "source_id": case.source_id, "metric": case.metric,
+        "measured": _finite(case.measured), "predicted": None, "error_pct": None,
+        "status": "skipped", "reason": case.skip_reason, "doubtful": case.doubtful,
+        "model": case.model_name, "plan": case.plan.short() if case.plan else None,
+        "framework": case.framework, **extra,
+    }
+
+
 def validate_published(path: str | Path | None,
                        predict: Callable[[PublishedCase], Prediction]) -> dict[str, Any]:
     """Run ``predict`` over every published throughput row and summarize the error.
@@ -706,14 +708,8 @@ def validate_published(path: str | Path | None,
     """
     rows = []
     for case in load_published_throughput(path):
-        row: dict[str, Any] = {
-            "index": case.index, "source_id": case.source_id, "metric": case.metric,
-            "measured": _finite(case.measured), "predicted": None, "error_pct": None,
-            "status": "skipped", "reason": case.skip_reason, "doubtful": case.doubtful,
-            "model": case.model_name, "plan": case.plan.short() if case.plan else None,
-            "framework": case.framework, "measured_step_time_s": case.measured_step_time_s,
-            "predicted_step_time_s": None,
-        }
+        row = _row(case, measured_step_time_s=case.measured_step_time_s,
+                   predicted_step_time_s=None)
         if case.skip_reason is None and case.measured_step_time_s is not None:
             step, reason, feasible = _call(predict, case)
             _score(row, case.measured_step_time_s, step, reason, feasible)
@@ -736,14 +732,8 @@ def validate_memory(path: str | Path | None,
     """
     rows = []
     for case in load_published_memory(path):
-        row: dict[str, Any] = {
-            "index": case.index, "source_id": case.source_id, "metric": case.metric,
-            "measured": _finite(case.measured), "predicted": None, "error_pct": None,
-            "status": "skipped", "reason": case.skip_reason, "doubtful": case.doubtful,
-            "model": case.model_name, "plan": case.plan.short() if case.plan else None,
-            "framework": case.framework, "unit": case.unit, "scope": case.scope,
-            "measured_or_analytical": case.measured_or_analytical,
-        }
+        row = _row(case, unit=case.unit, scope=case.scope,
+                   measured_or_analytical=case.measured_or_analytical)
         if case.skip_reason is None:
             value, reason, feasible = _call(predict_mem, case)
             _score(row, case.measured, value, reason, feasible)
