@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -260,6 +261,9 @@ def simulate(
     precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
     no_flash: Annotated[bool, typer.Option("--no-flash-attention",
                                            help="Materialise s x s attention scores.")] = False,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="Write the pipeline timeline and memory per stage to this PNG/SVG/PDF."
+    )] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Simulate one plan: step time, MFU, memory per GPU and where the time goes.
@@ -282,6 +286,18 @@ def simulate(
     except ValidationError as exc:
         raise from_validation_error(exc, "training") from None
     report = run_simulation(spec_model, spec_cluster, training, spec_plan).to_dict()
+    if plot is not None:
+        if not report["feasible"] or "stage_forward_s" not in report:
+            raise SpecError("--plot needs a feasible plan; this one is not: "
+                            + "; ".join(report["reasons"]), field="--plot", value=plot)
+        if Path(plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise SpecError(f"--plot={plot!r} must end in .png, .svg or .pdf", field="--plot",
+                            value=plot, allowed=[".png", ".svg", ".pdf"])
+        from paraplan.viz.timeline import save_figure, timeline_figure
+
+        save_figure(timeline_figure(report), plot)
+        if fmt is not Format.json:
+            sys.stderr.write(f"wrote {plot}\n")
     if fmt is Format.json:
         emit_json(report)
         return

@@ -113,3 +113,34 @@ def test_cli_simulate_bad_plan_exit_2():
                           "--plan", "tp=8,pp=1,rc=sometimes", "--global-batch", "64",
                           "--seq-len", "4096"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "plan.recompute='sometimes'" in res.stderr
+
+
+def test_cli_simulate_plot_writes_a_timeline_png(tmp_path):
+    out = tmp_path / "timeline.png"
+    res = subprocess.run([*CMD, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                          "--plan", "tp=1,pp=4,mbs=1,rc=full,vpp=2,schedule=interleaved",
+                          "--global-batch", "16", "--seq-len", "2048", "--nodes", "1",
+                          "--plot", str(out), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["feasible"]
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a real, busy figure
+    from matplotlib import image
+
+    pixels = image.imread(str(out))
+    assert pixels.std() > 0.05  # not a blank canvas
+
+
+def test_cli_simulate_plot_rejects_infeasible_and_bad_suffix(tmp_path):
+    base = [*CMD, "simulate", "--model", "llama3-70b", "--cluster", "dgx-h100", "--plan",
+            "tp=8,pp=1,mbs=1", "--global-batch", "8", "--seq-len", "8192"]
+    res = subprocess.run([*base, "--plot", str(tmp_path / "x.png")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "--plot needs a feasible plan" in res.stderr
+    assert not (tmp_path / "x.png").exists()
+    res = subprocess.run([*CMD, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                          "--plan", "tp=1,pp=2", "--global-batch", "16", "--seq-len", "2048",
+                          "--plot", str(tmp_path / "x.txt")], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "must end in .png, .svg or .pdf" in res.stderr

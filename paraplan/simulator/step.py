@@ -276,6 +276,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
               "pp_comm": pp_comm, "dp_comm": dp_time + zero3_exposed, "bubble": bubble,
               "optimizer": opt, "exposed_comm": exposed}
     extra = {"dp": dp, "num_microbatches": m, "layers_per_stage": layers,
+             "stage_forward_s": t_f, "stage_backward_s": t_b, "stage_wgrad_s": t_w,
+             "memory_per_stage_breakdown_gb": [
+                 {"weights": mm.weights / GiB, "grads": mm.grads / GiB,
+                  "optimizer": mm.optimizer / GiB, "activations": mm.activations / GiB,
+                  "other": mm.other / GiB} for mm in mems],
              "memory_capacity_gb": capacity, "memory_headroom_gb": capacity - memory["peak"],
              "num_gpus": n_gpus, "gpus_per_stage": stage_span // p, "worst_stage": worst,
              "plan_short": plan.short(), "pp_p2p_s": t_p2p}
