@@ -80,6 +80,9 @@ def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=130)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, target)
     finally:
         plt.close(fig)
