@@ -138,3 +138,19 @@ def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls():
 
     extra = hardware_flops_per_step(m, 8, 8192, "op") - model_flops_per_step(m, 8, 8192)
     assert extra == pytest.approx(0.5 * 32 * layer_forward_flops(m, 8, 8192, moe=False).gemm)
+
+
+def test_tree_all_reduce_wins_for_small_messages_on_many_ranks():
+    # 1 KB over 1024 ranks at 10 us per step: ring pays 2*1023 steps (20.5 ms), the double
+    # binary tree 2*10 steps (0.2 ms); for 1 GB the ring's 2(n-1)/n*S/B beats the tree's 2S/B.
+    ring_small = coll.ring_all_reduce(1e3, 1024, 25e9, 10e-6)
+    tree_small = coll.tree_all_reduce(1e3, 1024, 25e9, 10e-6)
+    assert tree_small == pytest.approx(20 * 10e-6 + 2 * 1e3 / 25e9)
+    assert tree_small < ring_small / 50
+    assert coll.ring_all_reduce(1e9, 8, 25e9, 10e-6) < coll.tree_all_reduce(1e9, 8, 25e9, 10e-6)
+    topo = load_cluster("dgx-h100", nodes=128).topology
+    group = tuple(range(0, 1024, 8))
+    got = coll.group_collective(topo, group, "all_reduce", 1e3)
+    ring = topo.ring(group)
+    assert got == pytest.approx(coll.tree_all_reduce(1e3, 128, ring.bandwidth_GBps * 1e9,
+                                                     ring.latency_s))

@@ -8,6 +8,9 @@ per-step latency alpha and per-rank one-direction bandwidth B,
   all-to-all        (n-1)*alpha +  (n-1)/n * S/B   (S = bytes each rank holds)
   broadcast         log2(n)*alpha + S/B            (pipelined)
   p2p               alpha + S/B
+  tree all-reduce   2*ceil(log2 n)*alpha + 2*S/B   (NCCL's double binary tree, Sanders et al.
+                    2009: reduce up and broadcast down two complementary trees, each carrying
+                    half the data; log latency, ~2S/B bandwidth term)
 Hierarchical all-reduce: reduce-scatter inside nodes, all-reduce of S/k across nodes, all-gather
 inside nodes (the NCCL/Horovod hierarchy); the cheaper of ring and hierarchy is used, as NCCL
 picks algorithms by size. B and alpha come from ``Topology.ring`` (bottleneck edge, link
@@ -37,6 +40,13 @@ def ring_all_gather(nbytes: float, n: int, bandwidth_Bps: float, latency_s: floa
 
 
 ring_reduce_scatter = ring_all_gather
+
+
+def tree_all_reduce(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
+    """Double-binary-tree all-reduce time, seconds (wins for small messages on many ranks)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * math.ceil(math.log2(n)) * latency_s + 2 * nbytes / bandwidth_Bps
 
 
 def all_to_all(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
@@ -69,7 +79,7 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
     ring = topology.ring(group)
     bw, lat = _bps(ring), ring.latency_s
     if kind == "all_reduce":
-        best = ring_all_reduce(nbytes, n, bw, lat)
+        best = min(ring_all_reduce(nbytes, n, bw, lat), tree_all_reduce(nbytes, n, bw, lat))
         hier = topology.hierarchical(group)
         if hier.intra is not None and hier.inter is not None:
             k = hier.gpus_per_node
