@@ -144,3 +144,30 @@ def test_cli_simulate_plot_rejects_infeasible_and_bad_suffix(tmp_path):
                           "--plot", str(tmp_path / "x.txt")], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 2 and "must end in .png, .svg or .pdf" in res.stderr
+
+
+def test_mixed_gpu_cluster_paces_each_stage_by_its_slowest_gpu():
+    from paraplan.specs.loaders import cluster_from_dict
+
+    mixed = cluster_from_dict({"name": "mixed", "node_groups": [
+        {"gpu": "a100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 1,
+         "intra_node_link": "nvlink3", "inter_node_link": "ib-hdr", "nics_per_node": 8},
+        {"gpu": "v100-sxm2-32gb", "gpus_per_node": 8, "num_nodes": 1,
+         "intra_node_link": "nvlink2", "inter_node_link": "ib-hdr", "nics_per_node": 8},
+    ]})
+    model = load_model("gpt3-6.7b")
+    tr = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16",
+                      flash_attention=False)
+    plan = parse_plan("tp=8,pp=2,mbs=1,rc=full")
+    rep = simulate(model, mixed, tr, plan)
+    assert rep.extra["stage_gpu_types"] == [["a100-sxm-80gb"], ["v100-sxm2-32gb"]]
+    f, b = rep.extra["stage_forward_s"], rep.extra["stage_backward_s"]
+    # V100 vs A100: GEMMs ~2.4x slower (112 vs 271 achievable TFLOP/s), memory-bound work
+    # ~2.2x (0.79 vs 1.71 TB/s), NVLink2 TP rings 2x: the V100 stage is about 2x slower.
+    assert f[1] + b[1] > 1.8 * (f[0] + b[0])
+    assert rep.extra["stage_memory_capacity_gb"] == [80, 32]
+    same = simulate(model, load_cluster("dgx-a100-80gb", nodes=2), tr, plan)
+    assert rep.step_time_s > 1.5 * same.step_time_s
+    # MFU is taken against the mixed cluster's mean peak, so it is not understated.
+    mean_peak = (8 * 312e12 + 8 * 125e12) / 16
+    assert rep.mfu == pytest.approx(rep.model_tflops_per_gpu * 1e12 / mean_peak)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compute import Device, layer_times, lm_head_times, optimizer_step_time
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
@@ -101,8 +103,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if reasons:
         return _infeasible(plan, reasons)
     topo = cluster.topology
-    gpu = cluster.gpu
-    device = Device.of(gpu, training.precision, training.kernels)
     n_gpus = cluster.num_gpus
     dp = plan.resolved_dp(n_gpus)
     p, v, t, cp = plan.pp, plan.virtual_stages, plan.tp, plan.cp
@@ -119,7 +119,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     cp_group = tuple(t * i for i in range(cp))
     ep_group = tuple(plan.expert_tp * j for j in range(plan.ep))
 
-    def layer_cost(moe: bool) -> _LayerCost:
+    def layer_cost(moe: bool, device: Device) -> _LayerCost:
         lt = layer_times(model, training, plan, device, moe=moe)
         tp_c = 0.0
         if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
@@ -158,23 +158,46 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
         )
 
-    dense = layer_cost(False)
-    moe = layer_cost(True) if model.is_moe else dense
-    head_f, head_b = lm_head_times(model, training, plan, device)
+    # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
+    # on different GPU types, and the slowest one paces the whole stage (they synchronize).
+    span_ranks = dp * t * cp
+    if len(cluster.gpu_types) == 1:
+        stage_gpus = [{cluster.gpu.name: cluster.gpu}] * p
+    else:
+        stage_gpus = []
+        for r in range(p):
+            gids = np.unique(topo.group_of_gpu[r * span_ranks:(r + 1) * span_ranks])
+            stage_gpus.append({cluster.node_groups[int(g)].gpu.name:
+                               cluster.node_groups[int(g)].gpu for g in gids})
+    per_gpu: dict[str, tuple[Device, _LayerCost, _LayerCost, float, float]] = {}
+    for gpus in stage_gpus:
+        for name, gpu in gpus.items():
+            if name not in per_gpu:
+                dev = Device.of(gpu, training.precision, training.kernels)
+                dense = layer_cost(False, dev)
+                moe = layer_cost(True, dev) if model.is_moe else dense
+                per_gpu[name] = (dev, dense, moe, *lm_head_times(model, training, plan, dev))
 
     t_f, t_b, t_w = [], [], []
     comp, tp_sum, cp_sum, ep_sum = [], [], [], []
+    stage_device: list[Device] = []
     starts = [0] * len(chunks)
     for i in range(1, len(chunks)):
         starts[i] = starts[i - 1] + chunks[i - 1]
     for r in range(p):
         n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r]) for c in range(v))
         n_dense = layers[r] - n_moe
-        f = n_dense * dense.fwd + n_moe * moe.fwd
-        b = n_dense * dense.bwd + n_moe * moe.bwd
-        c = n_dense * dense.compute + n_moe * moe.compute
-        if r == p - 1:
-            f, b, c = f + head_f, b + head_b, c + head_f + head_b
+        best = None
+        for name in stage_gpus[r]:
+            dev, dense, moe, head_f, head_b = per_gpu[name]
+            f = n_dense * dense.fwd + n_moe * moe.fwd
+            b = n_dense * dense.bwd + n_moe * moe.bwd
+            c = n_dense * dense.compute + n_moe * moe.compute
+            if r == p - 1:
+                f, b, c = f + head_f, b + head_b, c + head_f + head_b
+            if best is None or f + b > best[0] + best[1]:
+                best = (f, b, c, dev, dense, moe)
+        f, b, c, dev, dense, moe = best
         t_f.append(f)
         t_b.append(b)
         t_w.append(n_dense * dense.wgrad + n_moe * moe.wgrad)
@@ -182,6 +205,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         tp_sum.append(n_dense * dense.tp + n_moe * moe.tp)
         cp_sum.append(n_dense * dense.cp + n_moe * moe.cp)
         ep_sum.append(n_dense * dense.ep + n_moe * moe.ep)
+        stage_device.append(dev)
 
     # ---- pipeline ------------------------------------------------------------------------
     t_p2p = 0.0
@@ -200,6 +224,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                record_events=False)
         span, pp_comm = tl.total_s, tl.critical_p2p_s
     crit = max(range(p), key=lambda r: t_f[r] + t_b[r])
+    device = stage_device[crit]
     bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)
 
     # ---- data-parallel synchronisation ---------------------------------------------------
@@ -262,13 +287,16 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v) for r in range(p)]
     mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
                                               inflight=inflight)
-    worst = max(range(p), key=lambda r: mems[r].peak)
+    # A stage's capacity is its smallest GPU; the worst stage is the one closest to (or
+    # furthest beyond) its capacity.
+    caps = [min(g.memory_GiB for g in stage_gpus[r].values()) for r in range(p)]
+    worst = max(range(p), key=lambda r: mems[r].peak / GiB - caps[r])
     wm = mems[worst]
     memory = {"weights": wm.weights / GiB, "grads": wm.grads / GiB,
               "optimizer": wm.optimizer / GiB, "activations": wm.activations / GiB,
               "other": wm.other / GiB, "peak": wm.peak / GiB}
     per_stage = [mm.peak / GiB for mm in mems]
-    capacity = min(g.gpu.memory_GiB for g in cluster.node_groups)
+    capacity = caps[worst]
 
     tp_c, cp_c, ep_c = m * tp_sum[crit], m * cp_sum[crit], m * ep_sum[crit]
     exposed = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3_exposed
@@ -283,6 +311,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   "other": mm.other / GiB} for mm in mems],
              "memory_capacity_gb": capacity, "memory_headroom_gb": capacity - memory["peak"],
              "num_gpus": n_gpus, "gpus_per_stage": stage_span // p, "worst_stage": worst,
+             "stage_gpu_types": [sorted(g) for g in stage_gpus],
+             "stage_memory_capacity_gb": caps,
              "plan_short": plan.short(), "pp_p2p_s": t_p2p}
     if memory["peak"] > capacity:
         over = memory["peak"] - capacity
@@ -301,7 +331,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
     h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,
                                       plan.recompute)
-    peak = min(g.gpu.peak_flops(training.precision) for g in cluster.node_groups)
+    # MFU over the cluster's total peak (the mean peak per GPU on a mixed cluster).
+    peak = sum(g.num_gpus * g.gpu.peak_flops(training.precision)
+               for g in cluster.node_groups) / n_gpus
     mtf = n_flops / step / n_gpus
     htf = h_flops / step / n_gpus
     return StepReport(
