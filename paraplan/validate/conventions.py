@@ -137,7 +137,11 @@ SOURCES: dict[str, SourceConvention] = {
         "OPT-175B 'up to 147 TFLOP/s' with an unpublished formula and batch"),
 }
 
-FRAMEWORK_FP32_GRAD_REDUCE = frozenset({"torchtitan"})
+FRAMEWORK_FP32_GRAD_REDUCE = frozenset({"torchtitan", "llm-foundry-fsdp"})
+"""Frameworks that reduce gradients in fp32: torchtitan's FSDP2 default
+``mixed_precision_reduce = "float32"`` (torchtitan/config/job_config.py), and composer's FSDP
+``mixed_precision: DEFAULT`` used by the MPT tables (param_dtype = amp dtype, reduce_dtype =
+float32, in composer's FSDP utilities)."""
 FRAMEWORK_FLASH_ATTENTION_V1 = frozenset({"llm-foundry-fsdp"})
 """Frameworks whose runs used FlashAttention-1-class kernels: the MPT benchmark tables (2023,
 torch 1.13, see their TODO) use ALiBi, which only llm-foundry's `attn_impl: triton` kernel (the
@@ -149,8 +153,6 @@ FRAMEWORK_DROPOUT = frozenset({"megatron-2021", "dtfm-megatron"})
 """Frameworks whose runs used dropout: Megatron-LM's defaults are --hidden-dropout 0.1 and
 --attention-dropout 0.1 (megatron/arguments.py), kept by the GPT scripts of that era; BLOOM
 trained without dropout (BLOOM paper sec 3.5), torchtitan and llm-foundry MPT configs use 0."""
-"""Frameworks that reduce gradients in fp32 by default: torchtitan's FSDP2
-``mixed_precision_reduce = "float32"`` (torchtitan/config/job_config.py)."""
 
 FRAMEWORK_DP_GRAD_OVERLAP: dict[str, bool] = {
     "megatron-2021": False,
