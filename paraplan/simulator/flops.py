@@ -87,23 +87,6 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> f
     return 3.0 * model_forward_flops(model, global_batch, seq_len)
 
 
-def recompute_forward_fraction(model: ModelSpec, seq_len: int, recompute: str) -> float:
-    """Extra forward work per layer as a fraction of the layer's forward FLOPs.
-
-    full: the whole layer forward again (1.0). selective: only the attention score/value
-    products (Korthikanti et al. 2022 sec 5): 4bs^2ad / layer forward.
-    """
-    if recompute == "full":
-        return 1.0
-    if recompute == "selective":
-        lf = layer_forward_flops(model, 1, seq_len, moe=False)
-        return lf.attention / lf.total
-    if recompute == "op":  # every other matmul is re-run (torchtitan op-level SAC)
-        lf = layer_forward_flops(model, 1, seq_len, moe=False)
-        return 0.5 * lf.gemm / lf.total
-    return 0.0
-
-
 def hardware_flops_per_step(
     model: ModelSpec, global_batch: int, seq_len: int, recompute: str
 ) -> float:

@@ -198,29 +198,6 @@ def layer_activations(model: ModelSpec, training: TrainingSpec,
     return LayerActivations(dense, moe, working)
 
 
-def stage_memory(
-    model: ModelSpec,
-    training: TrainingSpec,
-    plan: ParallelPlan,
-    *,
-    dp: int,
-    layers: list[int],
-    stage: int,
-    inflight: float,
-    per_layer: LayerActivations | None = None,
-) -> StageMemory:
-    """Peak bytes of one rank on pipeline ``stage`` (``layers`` = layers per stage).
-
-    ``inflight`` is the number of micro-batches whose activations are alive at the peak
-    (schedule dependent; see pipeline.inflight_microbatches). Expert weights are sharded
-    over the expert-data-parallel group (dp*cp*tp / (ep*etp)) under ZeRO.
-    """
-    inflights = [0.0] * len(layers)
-    inflights[stage] = inflight
-    return pipeline_memory(model, training, plan, dp=dp, layers=layers, inflight=inflights,
-                           per_layer=per_layer, only=stage)[0]
-
-
 @dataclass(frozen=True)
 class _StaticStage:
     weights: float
@@ -283,6 +260,10 @@ def pipeline_memory(
     only: int | None = None,
 ) -> list[StageMemory]:
     """Peak bytes of one rank of every pipeline stage (or only stage ``only``).
+
+    ``inflight[r]`` is the number of micro-batches whose activations stage r holds at its peak
+    (schedule dependent; see pipeline.inflight_microbatches). Expert weights are sharded over
+    the expert-data-parallel group (dp*cp*tp / (ep*etp)) under ZeRO.
 
     Stages with the same shape (layer count, MoE layers, first/last) share their static part;
     activations scale with each stage's in-flight micro-batches.
