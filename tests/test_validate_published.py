@@ -28,9 +28,8 @@ from paraplan.validate.published import (
     DEFAULT_THROUGHPUT_CSV,
     load_published_memory,
     load_published_throughput,
-    validate_memory,
-    validate_published,
 )
+from paraplan.validate.report import validate_memory, validate_published
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "validation"
 CONTRACT_ROW_KEYS = {"index", "source_id", "metric", "measured", "predicted", "error_pct",

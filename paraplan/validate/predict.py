@@ -6,12 +6,8 @@ from typing import Any
 
 from paraplan.simulator.memory import GiB
 from paraplan.simulator.step import simulate
-from paraplan.validate.published import (
-    MemoryCase,
-    PublishedCase,
-    validate_memory,
-    validate_published,
-)
+from paraplan.validate.published import MemoryCase, PublishedCase
+from paraplan.validate.report import validate_memory, validate_published
 
 
 def _plan_for(case: PublishedCase | MemoryCase):

@@ -1,0 +1,443 @@
+"""Specs from one published CSV row: model, cluster, training and plan, with per-source rules.
+
+Row filling rules (each recorded in the case's ``assumptions``; a guessed plan field makes the
+case ``doubtful``):
+- Megatron 2021 Table 1: micro-batch, interleaving (virtual stages), full recompute and the
+  DDP implementation come from NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh``, the script
+  the authors published for that table; it also confirms the tp/pp split and heads, which
+  resolves the row's doubt.
+- torchtitan: an empty seq_len is the Llama 3 default 8192 and an empty recompute the
+  ``llama3_8b.toml`` default (selective, per op); with PP the CSV's micro_batch is the local
+  batch, split into pp*vpp micro-batches (torchtitan's default ``pipeline_parallel_microbatches``)
+  with torchtitan's default layer split and 2 stages per rank for interleaved schedules.
+- BLOOM: 70 layers over 12 stages as tr11 partitions them (embeddings count as layers):
+  5, 6 x 10, 5.
+- Empty micro-batch elsewhere: 1; empty recompute elsewhere: none (both doubtful).
+
+Clusters: A100 80/40GB -> dgx-a100-80gb/-40gb (Selene: 8x HDR 200G per node), except MosaicML's
+"1600 Gbps RoCE" (8x roce-200g) and BLOOM's Jean Zay nodes (4x Omni-Path 100G); H100 ->
+dgx-h100, except torchtitan's Grand Teton hosts (400 Gb/s RDMA per GPU) -> dgx-h100-roce;
+H200 -> hgx-h200; V100 p3.16xlarge -> aws-p3.16xlarge (25 Gbps). The GPU memory is set to the
+row's gpu_mem_gb where it differs from the preset (Grand Teton H100: 96/95 GB).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from paraplan.specs import (
+    ClusterSpec,
+    ModelSpec,
+    ParallelPlan,
+    SpecError,
+    TrainingSpec,
+    check_plan,
+    load_cluster,
+)
+from paraplan.specs.errors import from_validation_error
+from paraplan.specs.loaders import cluster_from_dict
+from paraplan.validate.conventions import (
+    FRAMEWORK_DP_GRAD_OVERLAP,
+    FRAMEWORK_DROPOUT,
+    FRAMEWORK_FLASH_ATTENTION_V1,
+    FRAMEWORK_FP32_GRAD_REDUCE,
+    FRAMEWORK_TP_COMM_OVERLAP,
+    SOURCES,
+    precision_from_text,
+    recompute_from_text,
+    zero_stage_from_text,
+)
+
+# NVIDIA/Megatron-LM examples/sc21/run_table_1.sh: model -> (tp, pp, mbs, gbs, vpp, DDP impl);
+# vpp = layers / pp / --num-layers-per-virtual-pipeline-stage; every model uses
+# "--recompute-method uniform" (full recompute).
+SC21_TABLE_1: dict[str, tuple[int, int, int, int, int, str]] = {
+    "GPT-1.7B": (1, 1, 16, 512, 1, "torch"),
+    "GPT-3.6B": (2, 1, 16, 512, 1, "torch"),
+    "GPT-7.5B": (4, 1, 16, 512, 1, "torch"),
+    "GPT-18B": (8, 1, 8, 1024, 1, "torch"),
+    "GPT-39B": (8, 2, 4, 1536, 1, "local"),
+    "GPT-76B": (8, 4, 2, 1792, 3, "local"),
+    "GPT-145B": (8, 8, 2, 2304, 2, "local"),
+    "GPT-310B": (8, 16, 1, 2160, 2, "local"),
+    "GPT-530B": (8, 35, 1, 2520, 3, "local"),
+    "GPT-1T": (8, 64, 1, 3072, 1, "local"),
+}
+
+# Korthikanti Table 5 global batch per model (hidden size), for memory rows that omit it.
+KORTHIKANTI_GBS = {6144: 4, 12288: 64, 20480: 280, 25600: 512}
+
+# Vocabulary where a source's row leaves it empty.
+DEFAULT_VOCAB = {
+    "dtfm_yuan2022": (50257, "vocab 50257 (GPT-2 BPE used by Megatron GPT; not stated)"),
+    "korthikanti2022": (51200, "vocab 51200 (the Megatron GPT vocabulary of the throughput rows)"),
+    "megatron2021_narayanan": (51200, "vocab 51200 (Megatron README)"),
+    "megascale2024_megatron_baseline": (50257, "vocab 50257 (GPT-3 175B's BPE; MegaScale trains "
+                                                "the GPT-3 architecture)"),
+}
+
+# Doubt-column phrases that mean a plan field (or seq_len / batch / GPU count) was guessed.
+# Hardware-only or architecture-only notes ("interconnect not stated", "filled from the public
+# model config", "arch from mpt-*.yaml") do not make a row doubtful.
+_PLAN_DOUBT = re.compile(
+    r"\bderived\b|\bassumed\b|\binferred\b|transcription|not in README|\bunknown\b|"
+    r"\(not read\)|seq_len (?:\d+ = |not stated)",
+    re.IGNORECASE,
+)
+
+# BLOOM tr11 README: --pp-partition-method 'type:transformer|embedding' gives
+# [embed | 5 blocks], 6 blocks x 10, [5 blocks | embed].
+BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
+
+OMNI_PATH_100G = {
+    "name": "omnipath-100g", "kind": "infiniband", "bandwidth_Gbps": 100, "latency_us": 20,
+    "efficiency": 0.9,
+    "notes": "Intel Omni-Path 100 Gb/s port (Jean Zay, BLOOM tr11: 4 OPA links per node); "
+             "latency and efficiency copied from the ib-hdr profile (ESTIMATE)",
+}
+
+
+# ---- reading cells ----------------------------------------------------------------------------
+
+
+class _Skip(Exception):
+    """The row cannot be turned into specs; the message is the skip reason."""
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    return str(row.get(key) or "").strip()
+
+
+def _number(text: str, key: str) -> float:
+    try:
+        return float(text.replace(",", "").rstrip("%").strip())
+    except ValueError:
+        raise _Skip(f"column {key}={text!r} is not a number") from None
+
+
+def _int(row: dict[str, Any], key: str) -> int | None:
+    text = _cell(row, key)
+    if not text:
+        return None
+    value = _number(text, key)
+    if value != int(value):
+        raise _Skip(f"column {key}={text!r} is not a whole number")
+    return int(value)
+
+
+def _make(cls: type[BaseModel], where: str, **kwargs: Any) -> Any:
+    try:
+        return cls(**kwargs)
+    except ValidationError as exc:
+        raise from_validation_error(exc, where) from None
+
+
+def _family(name: str, source: str) -> str:
+    low = name.lower()
+    if low.startswith("llama") or source == "torchtitan":
+        return "llama"
+    if low.startswith("mpt") or source == "mosaicml_llmfoundry_mpt":
+        return "mpt"
+    if low.startswith("bloom"):
+        return "bloom"
+    return "gpt"
+
+
+# ---- specs from one row -----------------------------------------------------------------------
+
+
+@dataclass
+class _Specs:
+    source: str
+    framework: str
+    notes: list[str]
+    doubt: bool = False
+    model: ModelSpec | None = None
+    cluster: ClusterSpec | None = None
+    training: TrainingSpec | None = None
+    plan: ParallelPlan | None = None
+    num_gpus: int | None = None
+    overlap: bool | None = None
+    skip: str | None = None
+    gbs: int | None = None
+    seq_len: int | None = None
+
+    def guess(self, note: str) -> None:
+        self.notes.append(note)
+        self.doubt = True
+
+
+def _seq_len(row: dict[str, Any], s: _Specs) -> int:
+    seq = _int(row, "seq_len")
+    if seq is None:
+        if s.source != "torchtitan":
+            raise _Skip("seq_len is not published for this row")
+        s.guess("seq_len 8192 assumed (torchtitan Llama 3 train configs' default)")
+        seq = 8192
+    return seq
+
+
+def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
+    name = _cell(row, "model_name") or "unnamed"
+    family = _family(name, s.source)
+    layers, hidden = _int(row, "layers"), _int(row, "hidden")
+    if layers is None or hidden is None:
+        raise _Skip("layers and hidden size are needed to build the model")
+    heads = _int(row, "heads")
+    if heads is None:
+        heads = max(1, hidden // 128)
+        s.notes.append(f"heads {heads} = hidden/128 (GPT-3 head width 128; not in the row)")
+    activation = _cell(row, "activation") or ("swiglu" if family == "llama" else "gelu")
+    ffn = _int(row, "ffn_hidden")
+    if ffn is None:
+        if activation in ("swiglu", "geglu"):
+            raise _Skip("ffn_hidden is needed for a gated MLP")
+        ffn = 4 * hidden
+    vocab = _int(row, "vocab")
+    if vocab is None:
+        if s.source not in DEFAULT_VOCAB:
+            raise _Skip("vocab size is not published for this row")
+        vocab, note = DEFAULT_VOCAB[s.source]
+        s.notes.append(note)
+    experts, topk = _int(row, "moe_experts") or 0, _int(row, "moe_topk") or 0
+    return _make(
+        ModelSpec, "model", name=name, family=family, num_layers=layers, hidden_size=hidden,
+        num_attention_heads=heads, num_kv_heads=_int(row, "kv_heads"), ffn_hidden_size=ffn,
+        vocab_size=vocab, activation=activation,
+        norm="rmsnorm" if family == "llama" else "layernorm",
+        position_embedding={"llama": "rope", "mpt": "alibi", "bloom": "alibi"}.get(
+            family, "learned"),
+        max_position_embeddings=seq, tie_word_embeddings=False,
+        use_bias=family in ("gpt", "bloom"), embedding_layernorm=family == "bloom",
+        num_experts=experts, moe_top_k=topk,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _base_cluster(kind: str) -> ClusterSpec:
+    """A one-node cluster per kind (preset name, or 'a100-<size>gb-roce' / '-opa'); cached
+    because the specs are frozen and reading YAML dominates loading time."""
+    match = re.fullmatch(r"a100-(40|80)gb-(roce|opa)", kind)
+    if match is None:
+        return load_cluster(kind)
+    size, opa = match.group(1), match.group(2) == "opa"
+    return cluster_from_dict({
+        "name": kind,
+        "description": ("A100 nodes with 4x 100 Gb/s Omni-Path (BLOOM tr11, Jean Zay)" if opa
+                        else "A100 nodes with 8x 200 Gb/s RoCE = 1600 Gbps per node (MosaicML)"),
+        "node": {"gpu": f"a100-sxm-{size}gb", "gpus_per_node": 8, "num_nodes": 1,
+                 "intra_node_link": "nvlink3",
+                 "inter_node_link": OMNI_PATH_100G if opa else "roce-200g",
+                 "nics_per_node": 4 if opa else 8},
+    })
+
+
+def _cluster_kind(row: dict[str, Any], s: _Specs) -> str:
+    """gpu_type / gpu_mem_gb / inter_node_link -> cluster preset (or custom A100 kind)."""
+    gpu_type = _cell(row, "gpu_type")
+    low, link = gpu_type.lower(), _cell(row, "inter_node_link").lower()
+    if "v100" in low:
+        return "aws-p3.16xlarge"
+    if "h200" in low:
+        return "hgx-h200"
+    if "h100" in low:
+        # Grand Teton (torchtitan): 400 Gb/s RDMA per GPU; Meta trains on Grand Teton over RoCE
+        # (Llama 3 paper sec. 3.3.1), so the RoCE 400G profile (same bandwidth as IB NDR).
+        roce = s.source == "torchtitan" or "rdma" in link or "roce" in link
+        return "dgx-h100-roce" if roce else "dgx-h100"
+    if "a100" in low:
+        size = 40 if _int(row, "gpu_mem_gb") == 40 else 80
+        if "omni" in link:
+            s.notes.append("inter-node: 4x Omni-Path 100G per node")
+            return f"a100-{size}gb-opa"
+        if "roce" in link:
+            s.notes.append("inter-node: 8x RoCE 200G per node (1600 Gbps)")
+            return f"a100-{size}gb-roce"
+        return f"dgx-a100-{size}gb"
+    raise _Skip(f"GPU type {gpu_type!r} has no cluster preset")
+
+
+def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
+    cluster = _base_cluster(_cluster_kind(row, s))
+    group = cluster.node_groups[0]
+    gpn = _int(row, "gpus_per_node") or group.gpus_per_node
+    nodes = max(1, math.ceil(num_gpus / gpn))
+    group = group.model_copy(update={"num_nodes": nodes})
+    mem = _int(row, "gpu_mem_gb")
+    if mem and abs(group.gpu.memory_GiB - mem) > 1:
+        gpu = group.gpu.model_copy(update={"memory_GiB": float(mem)})
+        group = group.model_copy(update={"gpu": gpu})
+        s.notes.append(f"{gpu.name} memory set to the row's {mem} GB ({_cell(row, 'gpu_type')})")
+    if num_gpus < group.gpus_per_node:
+        group = group.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1})
+    return cluster.model_copy(update={"node_groups": [group]})
+
+
+def _torchtitan_split(layers: int, stages: int) -> list[int]:
+    """torchtitan ``generate_split_points`` (2024-12): first stage base, middle stages take the
+    remainder one by one, the last stage what is left."""
+    base, extra = divmod(layers, stages)
+    sizes = [base]
+    for _ in range(stages - 2):
+        take = base + (1 if extra > 0 else 0)
+        extra -= 1 if extra > 0 else 0
+        sizes.append(take)
+    sizes.append(layers - sum(sizes))
+    return sizes
+
+
+def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> ParallelPlan:
+    tp, pp = _int(row, "tp") or 1, _int(row, "pp") or 1
+    cp, ep, dp = _int(row, "cp") or 1, _int(row, "ep") or 1, _int(row, "dp")
+    zero = zero_stage_from_text(_cell(row, "zero_stage"))
+    if zero is None:
+        raise _Skip(f"zero_stage {_cell(row, 'zero_stage')!r} is not understood")
+    recompute = recompute_from_text(_cell(row, "recompute"))
+    if recompute is None and _cell(row, "recompute"):
+        raise _Skip(f"recompute {_cell(row, 'recompute')!r} is not understood")
+    mbs, gbs = _int(row, "micro_batch"), _int(row, "global_batch")
+    vpp_text = _cell(row, "vpp")
+    vpp: int | None = None
+    if vpp_text:
+        if re.fullmatch(r"\d+(\.0+)?", vpp_text):
+            vpp = _int(row, "vpp")
+        elif "interleav" not in vpp_text.lower():
+            raise _Skip(f"vpp {vpp_text!r} is not understood")
+    layers_per_stage: list[int] | None = None
+    name = _cell(row, "model_name")
+
+    if s.source == "megatron2021_narayanan":
+        sc21 = SC21_TABLE_1.get(name)
+        if sc21 and sc21[:2] == (tp, pp) and sc21[3] == gbs:
+            mbs = mbs or sc21[2]
+            vpp = vpp or sc21[4]
+            recompute = recompute or "full"
+            s.overlap = sc21[5] == "torch"
+            s.notes.append(f"mbs={sc21[2]}, vpp={sc21[4]}, full recompute, DDP={sc21[5]} from "
+                           "Megatron-LM examples/sc21/run_table_1.sh")
+        else:
+            s.guess("row does not match examples/sc21/run_table_1.sh; defaults used")
+    if vpp is None:
+        if vpp_text:  # "interleaved; chunks not stated"
+            vpp = 2
+            s.guess("interleaved with 2 stages per rank (torchtitan's default when no split "
+                    "points are given)")
+        else:
+            vpp = 1
+    if s.source == "torchtitan" and pp > 1:
+        local = mbs or 1
+        n_micro = pp * vpp
+        if gbs is None:
+            gbs = local * (dp or max(1, num_gpus // (tp * pp * cp)))
+            s.guess(f"global batch {gbs} = local batch {local} x dp (not in the row)")
+        if local % n_micro == 0:
+            mbs = local // n_micro
+            s.guess(f"local batch {local} split into pp*vpp={n_micro} micro-batches of {mbs} "
+                    "(torchtitan default pipeline_parallel_microbatches)")
+        if model.num_layers % n_micro:
+            layers_per_stage = _torchtitan_split(model.num_layers, n_micro)
+            s.notes.append(f"layers per stage {layers_per_stage} (torchtitan default split)")
+    if s.source == "bloom176b_bigscience" and pp == 12 and model.num_layers == 70:
+        layers_per_stage = list(BLOOM_LAYERS_PER_STAGE)
+        s.notes.append("layers per stage 5,6x10,5 (tr11 'type:transformer|embedding' partition)")
+    if recompute is None:
+        if s.source == "torchtitan":
+            recompute = "selective"
+            s.guess("selective (per-op) recompute assumed: llama3_8b.toml default")
+        else:
+            recompute = "none"
+            s.guess("recompute not stated; none assumed")
+    if mbs is None:
+        mbs = 1
+        s.guess("micro-batch not stated; 1 assumed")
+    s.gbs = gbs
+    return _make(
+        ParallelPlan, "plan", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+        # torchtitan's TP plan always shards norms over the sequence (SequenceParallel) and
+        # uses loss parallel (torchtitan/models/llama3/infra/parallelize.py apply_tp).
+        sequence_parallel=_cell(row, "sequence_parallel").lower() in ("1", "true", "yes")
+        or (s.framework == "torchtitan" and (_int(row, "tp") or 1) > 1),
+        zero_stage=zero, micro_batch_size=mbs, schedule="interleaved" if vpp > 1 else "1f1b",
+        virtual_stages=vpp, recompute=recompute, layers_per_stage=layers_per_stage,
+    )
+
+
+def _specs(row: dict[str, Any], memory: bool = False) -> _Specs:
+    """Build every spec of one row; a problem ends up in ``skip`` with what was built so far."""
+    source = _cell(row, "source_id")
+    conv = SOURCES.get(source)
+    s = _Specs(source=source, framework=conv.framework if conv else "unknown", notes=[])
+    s.overlap = FRAMEWORK_DP_GRAD_OVERLAP.get(s.framework)
+    if _PLAN_DOUBT.search(_cell(row, "doubt")):
+        if source == "megatron2021_narayanan" and _cell(row, "model_name") in SC21_TABLE_1:
+            s.notes.append("doubt column resolved by examples/sc21/run_table_1.sh")
+        else:
+            s.guess(f"CSV doubt column: {_cell(row, 'doubt')}")
+    try:
+        if conv is None:
+            raise _Skip(f"source {source!r} has no recorded conventions (sources.md)")
+        seq = _seq_len(row, s)
+        s.seq_len = seq
+        s.model = _model(row, s, seq)
+        num_gpus = _int(row, "num_gpus")
+        if num_gpus is None:
+            if not memory:
+                raise _Skip("num_gpus is not published for this row")
+            dp = _int(row, "dp") or 1
+            num_gpus = dp * (_int(row, "tp") or 1) * (_int(row, "pp") or 1) * (_int(row, "cp")
+                                                                              or 1)
+            s.guess(f"{num_gpus} GPUs = tp*pp*cp*dp with dp={dp} (GPU count not in the row)")
+        s.num_gpus = num_gpus
+        s.cluster = _cluster(row, s, num_gpus)
+        s.plan = _plan(row, s, s.model, num_gpus)
+        precision = precision_from_text(_cell(row, "precision"))
+        if precision is None:
+            if source == "korthikanti2022":
+                precision = "fp16"
+                s.notes.append("fp16 (Korthikanti runs, per calculon's transcription)")
+            elif not _cell(row, "precision"):
+                # bf16 and fp16 peaks are equal on A100/H100/H200, so this does not move the
+                # time; a GPU without bf16 is rejected by the plan checker.
+                precision = "bf16"
+                s.guess("16-bit precision assumed (the row leaves it empty)")
+            else:
+                raise _Skip(f"precision {_cell(row, 'precision')!r} is not understood")
+        if s.gbs is None and memory and source == "korthikanti2022":
+            s.gbs = KORTHIKANTI_GBS.get(s.model.hidden_size)
+            if s.gbs is not None:
+                s.guess(f"global batch {s.gbs} from the Table 5 config of this model")
+        if s.gbs is None:
+            raise _Skip("global batch size is not published, so neither the step time nor the "
+                        "pipeline schedule of this run is known")
+        notes = (_cell(row, "notes") + " " + _cell(row, "secondary_metrics")).lower()
+        compiled = "compile" in notes
+        kernels = "eager" if (s.framework == "torchtitan" and not compiled) else "fused"
+        origin = "torch.compile" if compiled else s.framework
+        s.notes.append(f"{kernels} non-GEMM kernels ({origin})")
+        if s.framework == "torchtitan" and s.plan.recompute == "selective":
+            # torchtitan's selective mode defaults to selective_ac_option = "op".
+            s.plan = s.plan.model_copy(update={"recompute": "op"})
+            s.notes.append("torchtitan selective = op-level SAC (selective_ac_option='op')")
+        if s.plan.tp > 1 and ("asynctp" in notes or s.framework in FRAMEWORK_TP_COMM_OVERLAP):
+            s.plan = s.plan.model_copy(update={"tp_comm_overlap": True})
+            s.notes.append("TP communication overlapped with GEMMs (async TP / userbuffers)")
+        s.training = _make(TrainingSpec, "training", global_batch_size=s.gbs, seq_len=seq,
+                           precision=precision, flash_attention=conv.flash_attention,
+                           kernels=kernels,
+                           grad_reduce_fp32=s.framework in FRAMEWORK_FP32_GRAD_REDUCE,
+                           dropout=s.framework in FRAMEWORK_DROPOUT,
+                           flash_attention_version=1
+                           if s.framework in FRAMEWORK_FLASH_ATTENTION_V1 else 2)
+        reasons = check_plan(s.model, s.cluster, s.training, s.plan)
+        if reasons:
+            raise _Skip("plan is illegal: " + "; ".join(reasons))
+    except (_Skip, SpecError) as exc:
+        s.skip = str(exc)
+    return s
+
