@@ -309,8 +309,8 @@ def simulate(
 @app.command("validate-published")
 def validate_published_cmd(
     csv_path: Annotated[str | None, typer.Argument(
-        help="Published-runs CSV (throughput or memory format); default: the bundled "
-             "published_throughput.csv.")] = None,
+        help="Published-runs CSV (throughput or memory format), or a bundled set: "
+             "throughput (default), memory, holdout.")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Predict every published run in CSV and report the error (per row, per source, MAPE).
@@ -319,7 +319,13 @@ def validate_published_cmd(
     """
     from paraplan.specs.loaders import _as_path
     from paraplan.validate.predict import run_memory, run_published
+    from paraplan.validate.published import DATA_DIR
 
+    bundled = {"throughput": DATA_DIR / "published_throughput.csv",
+               "memory": DATA_DIR / "published_memory.csv",
+               "holdout": DATA_DIR / "holdout" / "holdout_throughput.csv"}
+    if csv_path in bundled:
+        csv_path = str(bundled[csv_path])
     is_memory = False
     if csv_path is not None:
         path = _as_path(csv_path)

@@ -98,3 +98,32 @@ def test_bad_yaml_file_exit_2(tmp_path):
 def test_help_has_examples():
     res = run("--help")
     assert res.returncode == 0 and "paraplan describe --model llama3-70b" in res.stdout
+
+
+def test_validate_published_json_through_entry_point():
+    res = run("validate-published", "holdout", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert {"rows", "mape_pct", "by_source", "n_rows", "n_predicted"} <= set(data)
+    assert data["n_rows"] == len(data["rows"]) >= 30
+    statuses = {r["status"] for r in data["rows"]}
+    assert statuses <= {"ok", "skipped", "infeasible"} and "ok" in statuses
+    for row in data["rows"]:
+        assert {"index", "source_id", "metric", "measured", "predicted", "error_pct", "status",
+                "reason"} <= set(row)
+        if row["status"] != "ok":
+            assert row["reason"]  # never dropped silently
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    assert data["mape_pct"] == pytest.approx(sum(abs(r["error_pct"]) for r in ok) / len(ok))
+
+
+def test_validate_published_detects_memory_csv_and_rejects_others(tmp_path):
+    res = run("validate-published", "memory", "--format", "json")
+    assert res.returncode == 0 and json.loads(res.stdout)["rows"][0]["metric"].endswith(
+        ("_gib", "_baseline"))
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    res = run("validate-published", str(bad))
+    assert res.returncode == 2 and "neither the throughput format" in res.stderr
+    res = run("validate-published", str(tmp_path / "missing.csv"))
+    assert res.returncode == 2 and "not found" in res.stderr
