@@ -41,7 +41,7 @@ from paraplan.specs import (
     load_cluster,
 )
 from paraplan.specs.errors import from_validation_error
-from paraplan.specs.loaders import cluster_from_dict
+from paraplan.specs.loaders import cluster_from_dict, load_gpu
 from paraplan.validate.conventions import (
     FRAMEWORK_DP_GRAD_OVERLAP,
     FRAMEWORK_DROPOUT,
@@ -269,6 +269,10 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
     gpn = _int(row, "gpus_per_node") or group.gpus_per_node
     nodes = max(1, math.ceil(num_gpus / gpn))
     group = group.model_copy(update={"num_nodes": nodes})
+    if "hbm2e" in _cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
+        # Grand Teton H100s carry HBM2e (2.41 TB/s), not the SXM5's HBM3 (3.35 TB/s).
+        group = group.model_copy(update={"gpu": load_gpu("h100-sxm-hbm2e")})
+        s.notes.append("GPU h100-sxm-hbm2e (HBM2e part); its 500 W power limit is not modelled")
     mem = _int(row, "gpu_mem_gb")
     if mem and abs(group.gpu.memory_GiB - mem) > 1:
         gpu = group.gpu.model_copy(update={"memory_GiB": float(mem)})
