@@ -241,7 +241,11 @@ def _read_plan(text: str):
     from paraplan.specs.loaders import _as_path, read_yaml
     from paraplan.specs.plan import parse_plan
 
-    path = _as_path(text) if ("=" not in text and not text.strip().startswith("{")) else None
+    looks_like_file = "=" not in text and not text.strip().startswith("{")
+    path = _as_path(text) if looks_like_file else None
+    if looks_like_file and path is None and text.lower().endswith((".json", ".yaml", ".yml")):
+        raise SpecError(f"plan file {text!r} not found (give a path to a plan JSON/YAML, or an "
+                        "inline plan such as tp=8,pp=4,mbs=1)", field="--plan", value=text)
     if path is not None and path.is_file():
         if path.suffix.lower() == ".json":
             return parse_plan(path.read_text(encoding="utf-8"))
@@ -295,7 +299,11 @@ def simulate(
                             value=plot, allowed=[".png", ".svg", ".pdf"])
         from paraplan.viz.timeline import save_figure, timeline_figure
 
-        save_figure(timeline_figure(report), plot)
+        try:
+            save_figure(timeline_figure(report), plot)
+        except OSError as exc:
+            raise SpecError(f"cannot write --plot {plot!r}: {exc.strerror or exc}",
+                            field="--plot", value=plot) from None
         if fmt is not Format.json:
             sys.stderr.write(f"wrote {plot}\n")
     if fmt is Format.json:

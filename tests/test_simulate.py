@@ -171,3 +171,17 @@ def test_mixed_gpu_cluster_paces_each_stage_by_its_slowest_gpu():
     # MFU is taken against the mixed cluster's mean peak, so it is not understated.
     mean_peak = (8 * 312e12 + 8 * 125e12) / 16
     assert rep.mfu == pytest.approx(rep.model_tflops_per_gpu * 1e12 / mean_peak)
+
+
+def test_cli_simulate_unwritable_plot_and_missing_plan_file_exit_2(tmp_path):
+    base = [*CMD, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+            "--global-batch", "16", "--seq-len", "2048"]
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = subprocess.run([*base, "--plan", "tp=1,pp=2", "--plot", str(blocker / "x.png")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "cannot write --plot" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = subprocess.run([*base, "--plan", str(tmp_path / "plan.json")], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "plan file" in res.stderr and "not found" in res.stderr
