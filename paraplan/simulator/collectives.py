@@ -79,7 +79,11 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
     ring = topology.ring(group)
     bw, lat = _bps(ring), ring.latency_s
     if kind == "all_reduce":
-        best = min(ring_all_reduce(nbytes, n, bw, lat), tree_all_reduce(nbytes, n, bw, lat))
+        best = ring_all_reduce(nbytes, n, bw, lat)
+        if ring.num_nodes > 1:
+            # NCCL's double binary tree spans nodes (a chain inside each node), so its log
+            # latency only helps across nodes.
+            best = min(best, tree_all_reduce(nbytes, n, bw, lat))
         hier = topology.hierarchical(group)
         if hier.intra is not None and hier.inter is not None:
             k = hier.gpus_per_node
