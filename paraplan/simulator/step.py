@@ -114,7 +114,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
 
     # ---- per-layer compute and exposed in-layer communication (one micro-batch) ----------
-    stage_span = p * dp * t * cp  # GPUs per stage block
+    span_ranks = dp * t * cp  # GPUs per pipeline stage (a block of consecutive ranks)
     tp_group = tuple(range(t))
     cp_group = tuple(t * i for i in range(cp))
     ep_group = tuple(plan.expert_tp * j for j in range(plan.ep))
@@ -160,7 +160,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).
-    span_ranks = dp * t * cp
     if len(cluster.gpu_types) == 1:
         stage_gpus = [{cluster.gpu.name: cluster.gpu}] * p
     else:
@@ -211,7 +210,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t_p2p = 0.0
     if p > 1:
         # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
-        t_p2p = coll.group_p2p(topo, 0, dp * t * cp, act_bytes / t)
+        t_p2p = coll.group_p2p(topo, 0, span_ranks, act_bytes / t)
     if plan.layers_per_stage is None:
         # Even split: stages differ only by the embedding / LM head. Closed form on the mean
         # stage plus the slowest stage's excess in every steady-state slot (exact when equal).
@@ -310,7 +309,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   "optimizer": mm.optimizer / GiB, "activations": mm.activations / GiB,
                   "other": mm.other / GiB} for mm in mems],
              "memory_capacity_gb": capacity, "memory_headroom_gb": capacity - memory["peak"],
-             "num_gpus": n_gpus, "gpus_per_stage": stage_span // p, "worst_stage": worst,
+             "num_gpus": n_gpus, "gpus_per_stage": span_ranks, "worst_stage": worst,
              "stage_gpu_types": [sorted(g) for g in stage_gpus],
              "stage_memory_capacity_gb": caps,
              "plan_short": plan.short(), "pp_p2p_s": t_p2p}
