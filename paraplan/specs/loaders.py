@@ -93,14 +93,14 @@ def _build(cls: type[BaseModel], data: Any, where: str) -> Any:
 def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str,
                 resolve: Any = None) -> Any:
     """A spec given as an instance, an inline mapping, a preset name or a YAML path."""
+    resolve = resolve or (lambda data: data)
     if isinstance(ref, cls):
         return ref
     if isinstance(ref, dict):
-        return _build(cls, ref, where)
+        return _build(cls, resolve(ref), where)
     if not isinstance(ref, str) or not ref:
         raise SpecError(f"{where}={ref!r} must be a {kind[:-1]} name, a YAML path or a mapping",
                         field=where, value=ref, allowed=list_profiles(kind))
-    resolve = resolve or (lambda data: data)
     preset = profiles_dir() / kind / f"{ref}.yaml"
     if "/" not in ref and "\\" not in ref and preset.is_file():
         return _build(cls, resolve(read_yaml(preset, where)), where)
@@ -142,10 +142,7 @@ def _resolve_gpu(data: dict[str, Any]) -> dict[str, Any]:
 
 def load_gpu(ref: str | dict | GPUSpec) -> GPUSpec:
     """A GPU by preset name (``h100-sxm``), YAML path or mapping."""
-    if isinstance(ref, dict):
-        ref = _resolve_gpu(ref)
-    gpu = _load_named("gpus", ref, GPUSpec, "gpu", resolve=_resolve_gpu)
-    return gpu
+    return _load_named("gpus", ref, GPUSpec, "gpu", resolve=_resolve_gpu)
 
 
 def load_link(ref: str | dict | LinkSpec) -> LinkSpec:
