@@ -277,7 +277,7 @@ def pipeline_memory(
         if only is not None and stage != only:
             start += n
             continue
-        n_moe = moe_layers_in(model, start, n)
+        n_moe = moe_layers_in(model, start, n) if model.is_moe else 0
         key = (n, n_moe, stage == 0, stage == last)
         st = cache.get(key)
         if st is None:

@@ -184,7 +184,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     for i in range(1, len(chunks)):
         starts[i] = starts[i - 1] + chunks[i - 1]
     for r in range(p):
-        n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r]) for c in range(v))
+        n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r])
+                    for c in range(v)) if model.is_moe else 0
         n_dense = layers[r] - n_moe
         best = None
         for name in stage_gpus[r]:
