@@ -165,3 +165,39 @@ def test_all_reduce_reproduces_galvatron_a100_measurements(nbytes, measured_s):
     topo = load_cluster("dgx-a100-80gb").topology
     got = coll.group_collective(topo, tuple(range(8)), "all_reduce", nbytes)
     assert got == pytest.approx(measured_s, rel=0.15)
+
+
+def test_user_gemm_table_from_a_path(tmp_path):
+    # A user-measured table (e.g. from their own GPU) plugs into a GPU profile by path.
+    from paraplan.specs import SpecError, load_gpu
+    from paraplan.specs.loaders import load_gemm_table
+
+    rows = ["b,m,n,k,dtype,tflops"]
+    for m in (1024, 4096):
+        for n in (1024, 4096):
+            for k in (1024, 4096):
+                rows.append(f"1,{m},{n},{k},bf16xbf16->bf16,{100 if m * n * k < 4096**3 else 200}")
+    (tmp_path / "mine.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "mine.yaml").write_text("name: mine\nreference_peak_tflops: 250\n"
+                                        "csv: mine.csv\ndtype: bf16xbf16->bf16\n")
+    table = load_gemm_table(str(tmp_path / "mine.yaml"))
+    assert table.efficiency(4096, 4096, 4096) == pytest.approx(200 / 250)
+    gpu = load_gpu({"name": "my-gpu", "memory_GiB": 24, "memory_bandwidth_GBps": 1000,
+                    "peak_tflops": {"bf16": 250}, "gemm_table": str(tmp_path / "mine.yaml")})
+    t = gemm_time(Device.of(gpu, "bf16"), 4096, 4096, 4096)
+    assert t == pytest.approx(2 * 4096**3 / 200e12)
+    (tmp_path / "bad.yaml").write_text("name: bad\nreference_peak_tflops: 250\ncsv: none.csv\n"
+                                       "dtype: x\n")
+    with pytest.raises(SpecError, match="not found"):
+        load_gemm_table(str(tmp_path / "bad.yaml"))
+
+
+def test_user_gemm_table_with_holes_is_a_spec_error(tmp_path):
+    from paraplan.specs import SpecError
+    from paraplan.specs.loaders import load_gemm_table
+
+    (tmp_path / "t.csv").write_text("b,m,n,k,dtype,tflops\n1,1024,1024,1024,x,10\n"
+                                    "1,2048,2048,2048,x,20\n")
+    (tmp_path / "t.yaml").write_text("name: t\nreference_peak_tflops: 100\ncsv: t.csv\ndtype: x\n")
+    with pytest.raises(SpecError, match="full m x n x k grid"):
+        load_gemm_table(str(tmp_path / "t.yaml"))

@@ -111,21 +111,49 @@ def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str,
 
 
 def load_gemm_table(name: str) -> GemmTable:
-    """A bundled measured-GEMM table (``hardware_profiles/gemm/<name>.yaml`` + its CSV)."""
+    """A measured-GEMM table: a bundled name (``hardware_profiles/gemm/<name>.yaml``) or the
+    path of your own table YAML (``name``, ``reference_peak_tflops``, ``csv``, ``dtype``; the
+    CSV has columns b,m,n,k,dtype,tflops and is read relative to the YAML)."""
     folder = profiles_dir() / "gemm"
-    meta_path = folder / f"{name}.yaml"
-    if not isinstance(name, str) or "/" in name or not meta_path.is_file():
-        known = sorted(p.stem for p in folder.glob("*.yaml"))
-        raise SpecError(f"unknown gemm_table {name!r}; known: {', '.join(known)}",
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"gemm_table={name!r} must be a table name or a YAML path",
                         field="gpu.gemm_table", value=name, allowed=known)
+    meta_path = folder / f"{name}.yaml"
+    if "/" in name or "\\" in name or not meta_path.is_file():
+        own = _as_path(name)
+        if own is None or not own.is_file():
+            raise SpecError(f"unknown gemm_table {name!r}; known: {', '.join(known)} (or the "
+                            "path of a table YAML)", field="gpu.gemm_table", value=name,
+                            allowed=known)
+        meta_path, folder = own, own.parent
     meta = read_yaml(meta_path, "gemm_table")
+    for key in ("csv", "dtype", "reference_peak_tflops"):
+        if key not in meta:
+            raise SpecError(f"gemm_table {str(meta_path)!r} lacks the key {key!r}",
+                            field=f"gemm_table.{key}", value=str(meta_path))
+    if not isinstance(meta["csv"], str) or not (folder / meta["csv"]).is_file():
+        raise SpecError(f"gemm_table CSV {meta['csv']!r} not found next to {str(meta_path)!r}",
+                        field="gemm_table.csv", value=meta["csv"])
     cells: dict[tuple[int, int, int], list[float]] = {}
-    for row in csv.DictReader(_read_text(folder / meta["csv"], "gemm_table").splitlines()):
-        if row["dtype"] != meta["dtype"]:
-            continue
-        key = (int(row["b"]) * int(row["m"]), int(row["n"]), int(row["k"]))
-        cells.setdefault(key, []).append(float(row["tflops"]))
+    try:
+        for row in csv.DictReader(_read_text(folder / meta["csv"], "gemm_table").splitlines()):
+            if row["dtype"] != meta["dtype"]:
+                continue
+            key = (int(row["b"]) * int(row["m"]), int(row["n"]), int(row["k"]))
+            cells.setdefault(key, []).append(float(row["tflops"]))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SpecError(f"gemm_table CSV {meta['csv']!r} needs columns b,m,n,k,dtype,tflops "
+                        f"with numbers ({exc})", field="gemm_table.csv",
+                        value=meta["csv"]) from None
+    if not cells:
+        raise SpecError(f"gemm_table CSV {meta['csv']!r} has no rows of dtype {meta['dtype']!r}",
+                        field="gemm_table.dtype", value=meta["dtype"])
     ms, ns, ks = (sorted({key[i] for key in cells}) for i in range(3))
+    missing = [(m, n, k) for m in ms for n in ns for k in ks if (m, n, k) not in cells]
+    if missing:
+        raise SpecError(f"gemm_table {name!r} must be a full m x n x k grid; missing (b*m, n, k) "
+                        f"= {missing[:3]}", field="gemm_table.csv", value=meta["csv"])
     values = [sum(cells[(m, n, k)]) / len(cells[(m, n, k)]) for m in ms for n in ns for k in ks]
     return _build(GemmTable, {"name": name, "reference_peak_tflops":
                               meta["reference_peak_tflops"], "m": ms, "n": ns, "k": ks,
