@@ -47,8 +47,9 @@ class Device:
     sm_count: int | None = None
     """SMs for wave quantization; None disables it."""
     attention_fwd_flops: float = 0.0
-    """Achievable fused-attention forward throughput, FLOP/s (0: derive from matmul)."""
+    """Achievable fused-attention forward throughput, FLOP/s (``Device.of`` sets it)."""
     attention_bwd_flops: float = 0.0
+    """Achievable fused-attention backward throughput, FLOP/s."""
     peak_flops: float = 0.0
     """Dense peak of the GEMM dtype, FLOP/s (scales a measured GEMM table to this part)."""
     gemm_table: GemmTable | None = None
@@ -158,8 +159,9 @@ class LayerTimes:
     forward_s: float
     backward_s: float
     """Input- plus weight-gradient time (2x the GEMMs), without recomputation."""
-    weight_grad_s: float
-    """The weight-gradient part of backward_s (the W pass of zero-bubble schedules)."""
+    gemm_fwd_s: float
+    """GEMM part of forward_s; the weight-gradient pass of backward_s (the W pass of
+    zero-bubble schedules) costs the same."""
     attention_fwd_s: float
     """Attention score/value part of forward_s (what selective recompute re-runs)."""
     elementwise_fwd_s: float = 0.0

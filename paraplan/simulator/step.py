@@ -128,7 +128,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 # Async TP / userbuffers split the collective into chunks pipelined with the
                 # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
                 # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
-                cover = lt.weight_grad_s / 4
+                cover = lt.gemm_fwd_s / 4
                 tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
         cp_c = 0.0
         if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
@@ -144,7 +144,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             "full": lt.forward_s,
             "selective": lt.attention_fwd_s,
             # op-level SAC re-runs every other matmul and every memory-bound op.
-            "op": 0.5 * lt.weight_grad_s + lt.elementwise_fwd_s,
+            "op": 0.5 * lt.gemm_fwd_s + lt.elementwise_fwd_s,
         }.get(plan.recompute, 0.0)
         # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
         tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
@@ -153,7 +153,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         return _LayerCost(
             fwd=lt.forward_s + tp_f + cp_f + ep_f,
             bwd=lt.backward_s + recompute + tp_b + cp_b + ep_b,
-            wgrad=lt.weight_grad_s,
+            wgrad=lt.gemm_fwd_s,
             compute=lt.forward_s + lt.backward_s + recompute,
             tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
         )
