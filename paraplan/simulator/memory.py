@@ -30,6 +30,9 @@ NCCL_BUFFER_BYTES = 0.5 * GiB
 # The caching allocator reserves more than it hands out (fragmentation); PyTorch's memory
 # docs and torchtitan's reserved-vs-active logs put this at roughly 5-10% of the peak.
 ALLOCATOR_FRAGMENTATION = 0.07
+# Gradient-reduction bucket of PyTorch DDP / Megatron's DDP (~40M elements): buffers in memory
+# and the unit each overlapped all-reduce works on.
+DDP_BUCKET_ELEMENTS = 40e6
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,7 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         other += 2.0 * layer_params / plan.tp * wbytes
     if dp > 1 and z < 3:
         # Gradient-reduction buckets (Megatron/DDP default ~ 40M elements, fp32).
-        other += min(dense + experts, 40e6) * 4.0
+        other += min(dense + experts, DDP_BUCKET_ELEMENTS) * 4.0
     return _StaticStage(weights, grads, optimizer, act, other)
 
 

@@ -18,6 +18,7 @@ from paraplan.simulator import collectives as coll
 from paraplan.simulator.compute import Device, layer_times, lm_head_times, optimizer_step_time
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import (
+    DDP_BUCKET_ELEMENTS,
     GiB,
     StageMemory,
     moe_layers_in,
@@ -73,6 +74,13 @@ class _LayerCost:
     tp: float
     cp: float
     ep: float
+
+
+def _gib(mem: StageMemory) -> dict[str, float]:
+    """A stage's memory by kind in GiB (without the peak)."""
+    return {"weights": mem.weights / GiB, "grads": mem.grads / GiB,
+            "optimizer": mem.optimizer / GiB, "activations": mem.activations / GiB,
+            "other": mem.other / GiB}
 
 
 def even_split(num_layers: int, chunks: int) -> list[int]:
@@ -246,8 +254,6 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             chunks = max(1.0, chunks)
             return chunks * coll.group_collective(topo, group, kind, nbytes / chunks)
 
-        params0 = dense0 + experts0
-        buckets = max(1.0, params0 / 40e6)
         if plan.zero_stage == 3:
             # FSDP: per layer, all-gather the weights for forward and again for backward, and
             # reduce-scatter the gradients, every micro-batch; prefetching hides it behind that
@@ -267,9 +273,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                  + min(per_mb, compute_mb) * device.nccl_slowdown)
             zero3_exposed += gather / units
         else:
-            sync = chunked("all_reduce", dp_group, dense0 * grad_bytes, dense0 / 40e6)
+            sync = chunked("all_reduce", dp_group, dense0 * grad_bytes,
+                           dense0 / DDP_BUCKET_ELEMENTS)
             if experts0:
-                sync += chunked("all_reduce", edp_group, experts0 * grad_bytes, experts0 / 40e6)
+                sync += chunked("all_reduce", edp_group, experts0 * grad_bytes,
+                                experts0 / DDP_BUCKET_ELEMENTS)
+            buckets = max(1.0, (dense0 + experts0) / DDP_BUCKET_ELEMENTS)
             window = t_b[0] if plan.overlap_grad_reduce else 0.0
             dp_time = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
             if plan.overlap_grad_reduce:
@@ -291,10 +300,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # furthest beyond) its capacity.
     caps = [min(g.memory_GiB for g in stage_gpus[r].values()) for r in range(p)]
     worst = max(range(p), key=lambda r: mems[r].peak / GiB - caps[r])
-    wm = mems[worst]
-    memory = {"weights": wm.weights / GiB, "grads": wm.grads / GiB,
-              "optimizer": wm.optimizer / GiB, "activations": wm.activations / GiB,
-              "other": wm.other / GiB, "peak": wm.peak / GiB}
+    memory = {**_gib(mems[worst]), "peak": mems[worst].peak / GiB}
     per_stage = [mm.peak / GiB for mm in mems]
     capacity = caps[worst]
 
@@ -305,10 +311,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
               "optimizer": opt, "exposed_comm": exposed}
     extra = {"dp": dp, "num_microbatches": m, "layers_per_stage": layers,
              "stage_forward_s": t_f, "stage_backward_s": t_b, "stage_wgrad_s": t_w,
-             "memory_per_stage_breakdown_gb": [
-                 {"weights": mm.weights / GiB, "grads": mm.grads / GiB,
-                  "optimizer": mm.optimizer / GiB, "activations": mm.activations / GiB,
-                  "other": mm.other / GiB} for mm in mems],
+             "memory_per_stage_breakdown_gb": [_gib(mm) for mm in mems],
              "memory_capacity_gb": capacity, "memory_headroom_gb": capacity - memory["peak"],
              "num_gpus": n_gpus, "gpus_per_stage": span_ranks, "worst_stage": worst,
              "stage_gpu_types": [sorted(g) for g in stage_gpus],
