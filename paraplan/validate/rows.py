@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from paraplan.specs import (
     ClusterSpec,
@@ -40,8 +40,7 @@ from paraplan.specs import (
     check_plan,
     load_cluster,
 )
-from paraplan.specs.errors import from_validation_error
-from paraplan.specs.loaders import cluster_from_dict, load_gpu
+from paraplan.specs.loaders import _build, cluster_from_dict, load_gpu
 from paraplan.validate.conventions import (
     FRAMEWORK_DP_GRAD_OVERLAP,
     FRAMEWORK_DROPOUT,
@@ -132,10 +131,8 @@ def _int(row: dict[str, Any], key: str) -> int | None:
 
 
 def _make(cls: type[BaseModel], where: str, **kwargs: Any) -> Any:
-    try:
-        return cls(**kwargs)
-    except ValidationError as exc:
-        raise from_validation_error(exc, where) from None
+    """``cls(**kwargs)`` with pydantic errors turned into SpecError (see loaders._build)."""
+    return _build(cls, kwargs, where)
 
 
 def _family(name: str, source: str) -> str:
