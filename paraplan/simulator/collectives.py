@@ -105,3 +105,41 @@ def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
     """Point-to-point send from GPU ``src`` to ``dst`` (all GPUs sending at once), seconds."""
     cost = topology.pair(src, dst)
     return p2p(nbytes, cost.bandwidth_GBps * 1e9, cost.latency_s)
+
+
+def collective_lines(topology: Topology, group: Sequence[int], kind: str,
+                     ) -> list[tuple[float, float]]:
+    """``group_collective`` as lines: ``time(S) = min(alpha + beta * S)`` over the algorithms.
+
+    Every algorithm above is affine in the message size S (bytes) on a fixed group, so a
+    collective is the lower envelope of its algorithms' lines; ``k`` equal chunks cost
+    ``min(k * alpha + beta * S)``. Returns [(alpha seconds, beta seconds per byte)], empty for
+    a group of one (time 0). The vectorized search evaluates collectives from these lines.
+    """
+    n = len(group)
+    if n <= 1:
+        return []
+    ring = topology.ring(group)
+    bw, lat = _bps(ring), ring.latency_s
+    if kind == "all_reduce":
+        lines = [(2 * (n - 1) * lat, 2 * (n - 1) / n / bw)]
+        if ring.num_nodes > 1:
+            lines.append((2 * math.ceil(math.log2(n)) * lat, 2 / bw))
+        hier = topology.hierarchical(group)
+        if hier.intra is not None and hier.inter is not None:
+            k, nn = hier.gpus_per_node, hier.num_nodes
+            intra_bw, inter_bw = _bps(hier.intra), _bps(hier.inter) / k
+            alpha, beta = 0.0, 0.0
+            if k > 1:
+                alpha += 2 * (k - 1) * hier.intra.latency_s
+                beta += 2 * (k - 1) / k / intra_bw
+            if nn > 1:
+                alpha += 2 * (nn - 1) * hier.inter.latency_s
+                beta += 2 * (nn - 1) / nn / k / inter_bw
+            lines.append((alpha, beta))
+        return lines
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return [((n - 1) * lat, (n - 1) / n / bw)]
+    if kind == "broadcast":
+        return [(math.ceil(math.log2(n)) * lat, 1 / bw)]
+    raise ValueError(f"unknown collective {kind!r}")

@@ -149,17 +149,21 @@ def moe_layers_in(model: ModelSpec, start: int, count: int) -> int:
 
 
 def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], stage: int,
-                     ) -> tuple[float, float]:
+                     moe_layers: list[int] | None = None) -> tuple[float, float]:
     """(dense params, expert params) held by one rank of ``stage`` (counts, not bytes).
 
     Dense weights are split by TP; expert weights by EP x expert-TP. The first stage holds the
     word embedding (and learned positions), the last the LM head and final norm; with tied
     embeddings and pp > 1 the last stage keeps its own copy (Megatron's shared-embedding
-    all-reduce). Layer index ranges follow ``layers`` (layers per stage).
+    all-reduce). Layer index ranges follow ``layers`` (layers per stage) unless
+    ``moe_layers`` gives each stage's MoE layer count (interleaved ranks hold chunks that are
+    not contiguous).
     """
-    start = sum(layers[:stage])
     n = layers[stage]
-    moe_here = moe_layers_in(model, start, n)
+    if moe_layers is not None:
+        moe_here = moe_layers[stage]
+    else:
+        moe_here = moe_layers_in(model, sum(layers[:stage]), n)
     dense_here = n - moe_here
     dense = dense_here * model.dense_layer_params
     experts = 0.0
@@ -213,8 +217,9 @@ class _StaticStage:
 
 
 def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, dp: int,
-                  layers: list[int], stage: int, la: LayerActivations) -> _StaticStage:
-    dense, experts = params_per_stage(model, plan, layers, stage)
+                  layers: list[int], stage: int, la: LayerActivations,
+                  moe_layers: list[int] | None = None) -> _StaticStage:
+    dense, experts = params_per_stage(model, plan, layers, stage, moe_layers)
     edp = max(1, dp * plan.cp * plan.tp // (plan.ep * plan.expert_tp))
     ddp = dp * plan.cp
     wbytes = training.compute_bytes
@@ -261,6 +266,7 @@ def pipeline_memory(
     inflight: list[float],
     per_layer: LayerActivations | None = None,
     only: int | None = None,
+    moe_layers: list[int] | None = None,
 ) -> list[StageMemory]:
     """Peak bytes of one rank of every pipeline stage (or only stage ``only``).
 
@@ -269,7 +275,9 @@ def pipeline_memory(
     the expert-data-parallel group (dp*cp*tp / (ep*etp)) under ZeRO.
 
     Stages with the same shape (layer count, MoE layers, first/last) share their static part;
-    activations scale with each stage's in-flight micro-batches.
+    activations scale with each stage's in-flight micro-batches. ``moe_layers`` gives each
+    stage's MoE layer count when its layers are not contiguous (interleaved chunks); by
+    default stage r holds layers sum(layers[:r]) onwards.
     """
     la = per_layer or layer_activations(model, training, plan)
     cache: dict[tuple, _StaticStage] = {}
@@ -280,11 +288,17 @@ def pipeline_memory(
         if only is not None and stage != only:
             start += n
             continue
-        n_moe = moe_layers_in(model, start, n) if model.is_moe else 0
+        if not model.is_moe:
+            n_moe = 0
+        elif moe_layers is not None:
+            n_moe = moe_layers[stage]
+        else:
+            n_moe = moe_layers_in(model, start, n)
         key = (n, n_moe, stage == 0, stage == last)
         st = cache.get(key)
         if st is None:
-            st = cache[key] = _static_stage(model, training, plan, dp, layers, stage, la)
+            st = cache[key] = _static_stage(model, training, plan, dp, layers, stage, la,
+                                            moe_layers)
         act = ((n - n_moe) * la.dense + n_moe * la.moe) * inflight[stage] + st.activations
         tensors = st.weights + st.grads + st.optimizer + act
         out.append(StageMemory(st.weights, st.grads, st.optimizer, act,

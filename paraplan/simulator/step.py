@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from paraplan.simulator import collectives as coll
-from paraplan.simulator.compute import Device, layer_times, lm_head_times, optimizer_step_time
+from paraplan.simulator.compute import (
+    Device,
+    LayerTimes,
+    layer_times,
+    lm_head_times,
+    optimizer_step_time,
+)
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import (
     DDP_BUCKET_ELEMENTS,
@@ -30,6 +36,7 @@ from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.topology import Topology
 from paraplan.specs.training import TrainingSpec
 
 TIME_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
@@ -64,8 +71,12 @@ class StepReport:
 
 
 @dataclass(frozen=True)
-class _LayerCost:
-    """One layer, one micro-batch, one rank: pass times incl. exposed communication (s)."""
+class LayerCost:
+    """One layer, one micro-batch, one rank: pass times incl. exposed communication (s).
+
+    fwd/bwd include exposed TP/CP/EP communication (bwd also recompute); wgrad is the weight-
+    gradient GEMM time (zb-h1's W pass); compute excludes communication; tp/cp/ep are the
+    exposed communication of forward + backward."""
 
     fwd: float
     bwd: float
@@ -98,6 +109,83 @@ def _infeasible(plan: ParallelPlan, reasons: list[str], extra: dict[str, Any] | 
                       {"plan_short": plan.short(), **(extra or {})})
 
 
+@dataclass(frozen=True)
+class LayerParts:
+    """What a layer's cost is built from, independent of recompute (seconds)."""
+
+    times: LayerTimes
+    tp_s: float
+    """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h."""
+    cp_s: float
+    """Exposed ring-attention KV passing of one forward."""
+    ep_s: float
+    """Dispatch + combine all-to-all of one pass (MoE layers)."""
+
+
+def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+                device: Device, *, moe: bool) -> LayerParts:
+    """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
+
+    Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size
+    and tp_comm_overlap. Groups are the first TP/CP/EP group in rank order (tp fastest).
+    """
+    t, cp = plan.tp, plan.cp
+    mb_tokens = plan.micro_batch_size * training.seq_len / cp
+    act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
+    lt = layer_times(model, training, plan, device, moe=moe)
+    tp_c = 0.0
+    if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
+        tp_c = coll.group_collective(topo, tuple(range(t)), "all_reduce", act_bytes)
+        if plan.tp_comm_overlap:
+            # Async TP / userbuffers split the collective into chunks pipelined with the
+            # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
+            # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
+            cover = lt.gemm_fwd_s / 4
+            tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
+    cp_c = 0.0
+    if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
+        kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
+        step = coll.group_p2p(topo, 0, t, kv)
+        cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
+    ep_c = 0.0
+    if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
+        a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
+        ep_group = tuple(plan.expert_tp * j for j in range(plan.ep))
+        ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
+    return LayerParts(lt, tp_c, cp_c, ep_c)
+
+
+def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
+    """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
+    lt, tp_c, cp_c, ep_c = parts.times, parts.tp_s, parts.cp_s, parts.ep_s
+    full = recompute == "full"
+    extra = {
+        "full": lt.forward_s,
+        "selective": lt.attention_fwd_s,
+        # op-level SAC re-runs every other matmul and every memory-bound op.
+        "op": 0.5 * lt.gemm_fwd_s + lt.elementwise_fwd_s,
+    }.get(recompute, 0.0)
+    # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
+    tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
+    cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
+    ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
+    return LayerCost(
+        fwd=lt.forward_s + tp_f + cp_f + ep_f,
+        bwd=lt.backward_s + extra + tp_b + cp_b + ep_b,
+        wgrad=lt.gemm_fwd_s,
+        compute=lt.forward_s + lt.backward_s + extra,
+        tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
+    )
+
+
+def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+               device: Device, *, moe: bool) -> LayerCost:
+    """One layer, one micro-batch, one rank: pass times incl. exposed TP/CP/EP communication
+    and recomputation (``layer_parts`` composed under ``plan.recompute``), seconds."""
+    return compose_layer_cost(layer_parts(model, topo, training, plan, device, moe=moe),
+                              plan.recompute)
+
+
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              plan: ParallelPlan, *, time_if_oom: bool = False) -> StepReport:
     """Simulate one training step of ``plan``; infeasible plans say why in ``reasons``.
@@ -121,50 +209,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
 
-    # ---- per-layer compute and exposed in-layer communication (one micro-batch) ----------
     span_ranks = dp * t * cp  # GPUs per pipeline stage (a block of consecutive ranks)
-    tp_group = tuple(range(t))
-    cp_group = tuple(t * i for i in range(cp))
-    ep_group = tuple(plan.expert_tp * j for j in range(plan.ep))
-
-    def layer_cost(moe: bool, device: Device) -> _LayerCost:
-        lt = layer_times(model, training, plan, device, moe=moe)
-        tp_c = 0.0
-        if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
-            tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
-            if plan.tp_comm_overlap:
-                # Async TP / userbuffers split the collective into chunks pipelined with the
-                # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
-                # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
-                cover = lt.gemm_fwd_s / 4
-                tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
-        cp_c = 0.0
-        if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
-            kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
-            step = coll.group_p2p(topo, cp_group[0], cp_group[1], kv)
-            cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
-        ep_c = 0.0
-        if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
-            a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
-            ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
-        full = plan.recompute == "full"
-        recompute = {
-            "full": lt.forward_s,
-            "selective": lt.attention_fwd_s,
-            # op-level SAC re-runs every other matmul and every memory-bound op.
-            "op": 0.5 * lt.gemm_fwd_s + lt.elementwise_fwd_s,
-        }.get(plan.recompute, 0.0)
-        # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
-        tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
-        cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
-        ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
-        return _LayerCost(
-            fwd=lt.forward_s + tp_f + cp_f + ep_f,
-            bwd=lt.backward_s + recompute + tp_b + cp_b + ep_b,
-            wgrad=lt.gemm_fwd_s,
-            compute=lt.forward_s + lt.backward_s + recompute,
-            tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
-        )
 
     # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).
@@ -176,13 +221,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             gids = np.unique(topo.group_of_gpu[r * span_ranks:(r + 1) * span_ranks])
             stage_gpus.append({cluster.node_groups[int(g)].gpu.name:
                                cluster.node_groups[int(g)].gpu for g in gids})
-    per_gpu: dict[str, tuple[Device, _LayerCost, _LayerCost, float, float]] = {}
+    per_gpu: dict[str, tuple[Device, LayerCost, LayerCost, float, float]] = {}
     for gpus in stage_gpus:
         for name, gpu in gpus.items():
             if name not in per_gpu:
                 dev = Device.of(gpu, training.precision, training.kernels)
-                dense = layer_cost(False, dev)
-                moe = layer_cost(True, dev) if model.is_moe else dense
+                dense = layer_cost(model, topo, training, plan, dev, moe=False)
+                moe = (layer_cost(model, topo, training, plan, dev, moe=True) if model.is_moe
+                       else dense)
                 per_gpu[name] = (dev, dense, moe, *lm_head_times(model, training, plan, dev))
 
     t_f, t_b, t_w = [], [], []
@@ -191,9 +237,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     starts = [0] * len(chunks)
     for i in range(1, len(chunks)):
         starts[i] = starts[i - 1] + chunks[i - 1]
+    moe_per_rank: list[int] = []
     for r in range(p):
         n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r])
                     for c in range(v)) if model.is_moe else 0
+        moe_per_rank.append(n_moe)
         n_dense = layers[r] - n_moe
         best = None
         for name in stage_gpus[r]:
@@ -237,7 +285,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # ---- data-parallel synchronisation ---------------------------------------------------
     dp_group = tuple(t * i for i in range(cp * dp))
-    dense0, experts0 = params_per_stage(model, plan, layers, crit)
+    dense0, experts0 = params_per_stage(model, plan, layers, crit, moe_per_rank)
     grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
     edp = max(1, dp * cp * t // (plan.ep * plan.expert_tp))
     edp_group = tuple(plan.expert_tp * plan.ep * i for i in range(edp))
@@ -295,7 +343,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # ---- memory --------------------------------------------------------------------------
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v) for r in range(p)]
     mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
-                                              inflight=inflight)
+                                              inflight=inflight, moe_layers=moe_per_rank)
     # A stage's capacity is its smallest GPU; the worst stage is the one closest to (or
     # furthest beyond) its capacity.
     caps = [min(g.memory_GiB for g in stage_gpus[r].values()) for r in range(p)]

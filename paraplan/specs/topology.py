@@ -242,13 +242,18 @@ class Topology:
         k = int(counts.max())
         intra = None
         if k > 1:
-            # The slowest node's ring decides (all run concurrently).
-            worst = None
-            for node in nodes[counts > 1]:
-                cost = self.ring(arr[node_ids == node])
-                if worst is None or cost.bandwidth_GBps < worst.bandwidth_GBps:
-                    worst = cost
-            intra = worst
+            # The slowest node's ring decides (all run concurrently). All per-node rings are
+            # costed in one vectorized pass; the first node with the smallest bottleneck wins.
+            order = np.argsort(node_ids, kind="stable")
+            srt, starts = arr[order], np.repeat(np.searchsorted(node_ids[order], nodes), counts)
+            size = np.repeat(counts, counts)
+            nxt = srt[starts + (np.arange(srt.size) - starts + 1) % size]
+            multi = size > 1
+            bw, _, _ = self._pairs(srt[multi], nxt[multi], shared=True,
+                                   k_per_node=size[multi].astype(float))
+            seg = np.concatenate([[0], np.cumsum(counts[counts > 1])[:-1]])
+            node = nodes[counts > 1][int(np.argmin(np.minimum.reduceat(bw, seg)))]
+            intra = self.ring(arr[node_ids == node])
         inter = None
         if nodes.size > 1:
             leaders = arr[np.sort(first_idx)]
