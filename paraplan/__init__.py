@@ -1,9 +1,11 @@
 """paraplan: how to split LLM training across GPUs, and how fast it will run.
 
 Stable API (see DESIGN.md): ``ModelSpec, ClusterSpec, TrainingSpec, ParallelPlan, load_model,
-load_cluster`` (and ``simulate``, ``search`` once the simulator and searchers land).
+load_cluster, simulate, search``.
 """
 
+from paraplan import search
+from paraplan.search import SearchResult
 from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs import (
     ClusterSpec,
@@ -26,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "ClusterSpec", "GPUSpec", "LinkSpec", "ModelSpec", "ParallelPlan", "SpecError", "StepReport",
     "Topology", "TrainingSpec", "check_plan", "list_profiles", "load_cluster", "load_model",
-    "parse_plan", "simulate",
+    "parse_plan", "SearchResult", "search", "simulate",
 ]

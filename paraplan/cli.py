@@ -36,7 +36,9 @@ app = typer.Typer(
         "  paraplan profiles\n\n"
         "  paraplan describe --model llama3-70b\n\n"
         "  paraplan describe --cluster dgx-h100 --nodes 32 --format json\n\n"
-        "  paraplan describe --model path/to/config.json"
+        "  paraplan describe --model path/to/config.json\n\n"
+        "  paraplan best --model llama3-70b --cluster dgx-h100 --nodes 32 --global-batch 1024 "
+        "--seq-len 8192"
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -311,6 +313,200 @@ def simulate(
         return
     print_report(console(), report, f"{spec_model.name} on {spec_cluster.num_gpus}x "
                  f"{'+'.join(spec_cluster.gpu_types)}")
+
+
+# ---- best ------------------------------------------------------------------------------------
+class Searcher(StrEnum):
+    auto = "auto"
+    exhaustive = "exhaustive"
+    ilp = "ilp"
+    dp = "dp"
+    evolutionary = "evolutionary"
+
+
+class ExportFormat(StrEnum):
+    json = "json"
+    megatron = "megatron"
+    torchtitan = "torchtitan"
+    deepspeed = "deepspeed"
+    nanotron = "nanotron"
+
+
+class _LazyProgress:
+    """A rich progress bar on stderr that appears only once a search has run for a second."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self._start = self._clock()
+        self._label = label
+        self._enabled = enabled
+        self._bar = None
+        self._task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._enabled:
+            return
+        if self._bar is None:
+            if self._clock() - self._start < 1.0:
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self._bar = Progress("[progress.description]{task.description}", BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(self._label, total=total)
+        self._bar.update(self._task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@app.command()
+def best(
+    model: Annotated[str, typer.Option("--model", "-m", help="Preset, YAML or HF config.json.")],
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Preset or cluster YAML.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per step.")],
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")],
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Number of nodes.")] = None,
+    top: Annotated[int, typer.Option("--top", "-k", min=1, max=1000,
+                                     help="How many plans to show.")] = 10,
+    searcher: Annotated[Searcher, typer.Option(
+        help="auto: exhaustive on one GPU type, ilp on a mixed cluster.")] = Searcher.auto,
+    fix: Annotated[str | None, typer.Option(
+        help="Pin parts of the plan, e.g. tp=8,pp=4 or rc=full,zero=1.")] = None,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="Why #1 beats #2, and the most common rejection reasons.")] = False,
+    precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
+    no_flash: Annotated[bool, typer.Option("--no-flash-attention",
+                                           help="Materialise s x s attention scores.")] = False,
+    export: Annotated[ExportFormat | None, typer.Option(
+        help="Write the best plan for a trainer (needs --out).")] = None,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="File for --export.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
+    where the time goes.
+
+    Example: paraplan best --model llama3-70b --cluster dgx-h100 --nodes 32
+    --global-batch 1024 --seq-len 8192 --top 5
+    """
+    from pydantic import ValidationError
+
+    from paraplan.search import search as run_search
+    from paraplan.specs.errors import from_validation_error
+    from paraplan.specs.training import TrainingSpec
+
+    if export is not None and out is None:
+        raise SpecError("--export needs --out PATH", field="--out", value=None)
+    if out is not None and export is None:
+        raise SpecError("--out needs --export FORMAT", field="--export", value=None,
+                        allowed=[e.value for e in ExportFormat])
+    if export is not None and export is not ExportFormat.json:
+        raise SpecError(f"--export {export.value} is not available yet; use --export json "
+                        "(the plan JSON a trainer config is generated from)", field="--export",
+                        value=export.value, allowed=["json"])
+    spec_model = load_model(model)
+    spec_cluster = load_cluster(cluster, nodes=nodes)
+    try:
+        training = TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
+                                precision=precision, flash_attention=not no_flash)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "training") from None
+    bar = _LazyProgress(f"searching ({searcher.value})", enabled=sys.stderr.isatty())
+    try:
+        result = run_search(spec_model, spec_cluster, training, searcher=searcher.value, top=top,
+                            fix=fix, progress=bar, seed=seed)
+    finally:
+        bar.close()
+    data = result.to_dict()
+    if explain:
+        data["explain"] = _explain(data)
+    if export is not None and out is not None:
+        from paraplan.export.files import write_atomic
+
+        write_atomic(out, json.dumps(data, indent=2, default=_json_default) + "\n")
+        if fmt is not Format.json:
+            sys.stderr.write(f"wrote {out}\n")
+    if fmt is Format.json:
+        emit_json(data)
+        return
+    _print_best(console(), data, spec_model.name, spec_cluster)
+
+
+_TIME_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+               "optimizer")
+
+
+def _explain(data: dict[str, Any]) -> dict[str, Any]:
+    """Breakdown diff of the two best plans, and the top rejection reasons."""
+    plans = data["plans"]
+    out: dict[str, Any] = {"top_rejections": dict(list(data.get("rejected", {}).items())[:5])}
+    if len(plans) >= 2:
+        a, b = plans[0], plans[1]
+        diff = {k: b["time_s"][k] - a["time_s"][k] for k in _TIME_PARTS}
+        mem = {k: b["memory_gb"][k] - a["memory_gb"][k] for k in a["memory_gb"]}
+        out["first_vs_second"] = {
+            "first": a.get("plan_short"), "second": b.get("plan_short"),
+            "step_time_gap_s": b["step_time_s"] - a["step_time_s"],
+            "time_s_second_minus_first": diff,
+            "memory_gb_second_minus_first": mem,
+        }
+    return out
+
+
+def _fmt_time(x: float) -> str:
+    return f"{x:,.1f} s" if x >= 100 else f"{x:.3f} s" if x >= 1 else f"{x * 1e3:.1f} ms"
+
+
+def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: Any) -> None:
+    plans = data["plans"]
+    out.print(f"[bold]{model_name}[/] on {cluster.num_gpus}x {'+'.join(cluster.gpu_types)}: "
+              f"{data['searcher']} search evaluated {data['plans_evaluated']:,} plans in "
+              f"{data['search_time_s']:.2f} s"
+              + (f" ({data['feasible_plans']:,} fit in memory)" if "feasible_plans" in data
+                 else ""))
+    table = Table(title_justify="left")
+    for col, just in (("#", "right"), ("plan", "left"), ("step", "right"), ("MFU", "right"),
+                      ("tokens/s", "right"), ("mem/GPU GiB", "right"),
+                      ("where time goes", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for i, rep in enumerate(plans, 1):
+        total = rep["step_time_s"]
+        parts = sorted(((rep["time_s"][k], k) for k in _TIME_PARTS), reverse=True)
+        where = " ".join(f"{k.replace('_comm', '')} {100 * v / total:.0f}%"
+                         for v, k in parts[:3] if v > 0)
+        table.add_row(str(i), rep.get("plan_short", ""), _fmt_time(total),
+                      f"{100 * rep['mfu']:.1f}%", f"{rep['tokens_per_s']:,.0f}",
+                      f"{rep['memory_gb']['peak']:.1f} / {rep.get('memory_capacity_gb', 0):g}",
+                      where)
+    out.print(table)
+    base = data.get("baseline_step_time_s")
+    if base and plans and base > plans[0]["step_time_s"] * (1 + 1e-9):
+        out.print(f"baseline (rank-order placement): {_fmt_time(base)}; the best plan is "
+                  f"{base / plans[0]['step_time_s']:.2f}x faster")
+    for note in data.get("notes", []):
+        out.print(f"[dim]note: {note}[/]")
+    if "explain" in data:
+        ex = data["explain"]
+        cmp_ = ex.get("first_vs_second")
+        if cmp_:
+            out.print(f"\n[bold]why #1 beats #2[/] ({cmp_['second']} is "
+                      f"{_fmt_time(cmp_['step_time_gap_s'])} slower):")
+            for k, v in sorted(cmp_["time_s_second_minus_first"].items(),
+                               key=lambda kv: -abs(kv[1])):
+                if abs(v) > 1e-9:
+                    out.print(f"  {k:<10} {'+' if v > 0 else '-'}{_fmt_time(abs(v))}")
+            dm = cmp_["memory_gb_second_minus_first"]["peak"]
+            out.print(f"  memory     {dm:+.1f} GiB per GPU (peak)")
+        if ex["top_rejections"]:
+            out.print(f"\n[bold]rejected[/] ({data.get('considered', 0):,} plans considered):")
+            for reason, n in ex["top_rejections"].items():
+                out.print(f"  {n:>12,}  {reason}")
 
 
 # ---- validate-published ----------------------------------------------------------------------

@@ -127,3 +127,53 @@ def test_validate_published_detects_memory_csv_and_rejects_others(tmp_path):
     assert res.returncode == 2 and "neither the throughput format" in res.stderr
     res = run("validate-published", str(tmp_path / "missing.csv"))
     assert res.returncode == 2 and "not found" in res.stderr
+
+
+# ---- best ------------------------------------------------------------------------------------
+BEST = ("best", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
+        "--global-batch", "128", "--seq-len", "4096")
+
+
+def test_best_json_contract(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "best.json"
+    res = run(*BEST, "--top", "3", "--format", "json", "--explain", "--export", "json",
+              "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert {"searcher", "plans_evaluated", "search_time_s", "plans",
+            "baseline_step_time_s"} <= set(data)
+    assert data["searcher"] == "exhaustive" and len(data["plans"]) == 3
+    assert data["plans_evaluated"] > 1000
+    first = data["plans"][0]
+    for key in ("feasible", "reasons", "step_time_s", "tokens_per_s", "mfu", "hfu",
+                "memory_gb", "memory_per_stage_gb", "time_s", "plan"):
+        assert key in first
+    assert data["explain"]["top_rejections"]
+    assert json.loads(out.read_text()) == data
+
+
+def test_best_table_fix_and_explain() -> None:
+    res = run(*BEST, "--top", "2", "--fix", "tp=2,rc=full", "--explain")
+    assert res.returncode == 0, res.stderr
+    assert "tp=2" in res.stdout and "rc=full" in res.stdout
+    assert "rejected" in res.stdout and "plans considered" in res.stdout
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (("--fix", "foo=1"), "cannot pin 'foo'"),
+    (("--fix", "tp=3"), "no legal plan"),
+    (("--export", "json"), "--export needs --out"),
+    (("--export", "megatron", "--out", "x.sh"), "not available yet"),
+    (("--searcher", "magic"), "magic"),
+])
+def test_best_bad_input_exits_2(extra: tuple[str, ...], needle: str) -> None:
+    res = run(*BEST, *extra)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert needle in res.stderr and "Traceback" not in res.stderr
+
+
+def test_best_model_that_cannot_fit_says_why() -> None:
+    res = run("best", "--model", "llama3-70b", "--cluster", "dgx-h100", "--global-batch", "8",
+              "--seq-len", "8192")
+    assert res.returncode == 2
+    assert "no plan fits in memory" in res.stderr and "GiB" in res.stderr

@@ -125,3 +125,26 @@ def test_group_errors():
         topo.ring([0, 8])
     with pytest.raises(SpecError, match="lists a GPU twice"):
         topo.ring([0, 0])
+
+
+def test_hierarchical_intra_ring_is_the_slowest_node() -> None:
+    """The vectorized per-node rings pick the same node as costing each node's ring."""
+    from paraplan import load_cluster
+
+    for name in ("dtfm-worldwide", "dtfm-multi-university", "dgx-h100"):
+        cl = load_cluster(name) if name.startswith("dtfm") else load_cluster(name, nodes=4)
+        topo = cl.topology
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            group = tuple(rng.permutation(cl.num_gpus)[: rng.integers(2, cl.num_gpus)].tolist())
+            hier = topo.hierarchical(group)
+            arr = np.asarray(group)
+            nodes = topo.node_of_gpu[arr]
+            worst = None
+            for node in np.unique(nodes):
+                members = arr[nodes == node]
+                if members.size > 1:
+                    cost = topo.ring(tuple(members.tolist()))
+                    if worst is None or cost.bandwidth_GBps < worst.bandwidth_GBps:
+                        worst = cost
+            assert hier.intra == worst

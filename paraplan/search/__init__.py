@@ -1,1 +1,72 @@
-"""paraplan.search."""
+"""Searchers over parallel plans: vectorized exhaustive, dynamic programming, ILP, evolutionary.
+
+``search(model, cluster, training, searcher="auto")`` is the entry point (``paraplan best``):
+``auto`` runs the exhaustive search on a cluster with one GPU type and the ILP on a mixed one.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search
+from paraplan.search.space import SpaceOptions, parse_fix
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.errors import SpecError
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.training import TrainingSpec
+
+SEARCHERS = ("auto", "exhaustive", "ilp", "dp", "evolutionary")
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
+           searcher: str = "auto", top: int = 10, fix: str | dict[str, Any] | None = None,
+           options: SpaceOptions | None = None, progress: Progress | None = None,
+           seed: int = 0) -> SearchResult:
+    """Find the fastest plans that fit; ``fix`` pins plan fields (``"tp=8,pp=4"`` or a dict).
+
+    Raises:
+        SpecError: unknown searcher, bad ``fix``, or no plan that is legal and fits.
+    """
+    if searcher not in SEARCHERS:
+        raise SpecError(f"unknown searcher {searcher!r}", field="searcher", value=searcher,
+                        allowed=list(SEARCHERS))
+    pins = parse_fix(fix)
+    if searcher == "auto":
+        searcher = "exhaustive" if cluster.is_homogeneous else "ilp"
+    if searcher == "exhaustive":
+        if not cluster.is_homogeneous:
+            raise SpecError("the exhaustive searcher needs one GPU type; this cluster mixes "
+                            f"{', '.join(cluster.gpu_types)}: use --searcher ilp or "
+                            "evolutionary", field="searcher", value=searcher)
+        return exhaustive_search(model, cluster, training, fix=pins, top=top, options=options,
+                                 progress=progress)
+    if searcher == "dp":
+        from paraplan.search.dp import dp_search
+
+        return dp_search(model, cluster, training, fix=pins, top=top, options=options,
+                         progress=progress)
+    if searcher == "ilp":
+        from paraplan.search.ilp import ilp_search_result
+
+        return ilp_search_result(model, cluster, training, fix=pins, top=top,
+                                 progress=progress)
+    from paraplan.search.evolutionary import evolutionary_search
+
+    return evolutionary_search(model, cluster, training, fix=pins, top=top, options=options,
+                               progress=progress, seed=seed)
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``from paraplan import search; search(model, cluster, training)`` call the entry
+    point (the DESIGN contract) while ``paraplan.search.space`` etc. stay submodules."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SearchResult:
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["SEARCHERS", "SearchResult", "SpaceOptions", "exhaustive_search", "parse_fix",
+           "search"]

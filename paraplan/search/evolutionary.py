@@ -408,7 +408,7 @@ class _Evaluator:
         self._group: dict[tuple[int, ...], np.ndarray] = {}
         self._pair: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, np.ndarray]] = {}
         self._cost: dict[bytes, tuple[float, float, float]] = {}
-        self._masks: dict[int, list[np.ndarray]] = {}
+        self._layers: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.evaluations = 0
 
     # -- DP: ring all-reduce per stage (DT-FM sec 3.2, DataP-cost) --------------------------
@@ -423,8 +423,9 @@ class _Evaluator:
             out = np.zeros_like(s)
         else:
             idx = np.array(g)
-            bw = self.bw[np.ix_(idx, idx)]
-            lat = self.lat[np.ix_(idx, idx)]
+            sub = idx[:, None] * self.bw.shape[0] + idx[None, :]
+            bw = self.bw.ravel()[sub]
+            lat = self.lat.ravel()[sub]
             if self.p.dp_algorithm == "scatter_gather":
                 # DT-FM sec 3.2: every GPU exchanges 1/n of the gradients with every other.
                 inv = 1.0 / bw
@@ -434,14 +435,15 @@ class _Evaluator:
                 out = np.max(a[:, None] + b[:, None] * s[None, :], axis=0)
             else:
                 if n <= RING_EXACT_MAX:
-                    rings = self._rings.get(n)
-                    if rings is None:
-                        rings = self._rings[n] = _ring_table(n)
+                    edges = self._rings.get(n)
+                    if edges is None:  # flat (a*n + b) index of every ring's edges
+                        rings = _ring_table(n)
+                        edges = self._rings[n] = rings * n + np.roll(rings, -1, axis=1)
                 else:
                     rings = _heuristic_rings(bw, lat, float(s.mean()))
-                nxt = np.roll(rings, -1, axis=1)
-                b_min = bw[rings, nxt].min(axis=1)
-                l_max = lat[rings, nxt].max(axis=1)
+                    edges = rings * n + np.roll(rings, -1, axis=1)
+                b_min = bw.ravel()[edges].min(axis=1)
+                l_max = lat.ravel()[edges].max(axis=1)
                 # 2(n-1) alpha + 2(n-1)/n S/B for the best ring at each stage's volume.
                 out = np.min(2 * (n - 1) * l_max[:, None]
                              + 2 * (n - 1) / n * s[None, :] / b_min[:, None], axis=0)
@@ -466,19 +468,15 @@ class _Evaluator:
         hit = self._pair.get(key)
         if hit is not None:
             return hit
-        cost = self.msg[np.ix_(np.array(a), np.array(b))]
+        cost = self.msg[np.array(a)[:, None], np.array(b)[None, :]]
         hit = self._pair[key] = _bottleneck_matching(cost)
         return hit
 
     # -- order along the pipeline (DT-FM sec 3.2, open-loop TSP) ----------------------------
-    def masks(self, p: int) -> list[np.ndarray]:
-        hit = self._masks.get(p)
+    def layers(self, p: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        hit = self._layers.get(p)
         if hit is None:
-            allm = np.arange(1 << p)
-            pc = np.zeros(allm.size, dtype=np.intp)
-            for k in range(p):
-                pc += (allm >> k) & 1
-            hit = self._masks[p] = [allm[pc == s] for s in range(p + 1)]
+            hit = self._layers[p] = _subset_layers(p)
         return hit
 
     def best_order(self, w: np.ndarray, c: np.ndarray) -> tuple[list[int], float, float]:
@@ -488,7 +486,7 @@ class _Evaluator:
         if p == 1:
             return [0], float(c[0, 0]), 0.0
         if p <= ORDER_EXACT_MAX:
-            return _exact_order(w, c, self.masks(p))
+            return _exact_order(w, c, self.layers(p))
         return _heuristic_order(w, c)
 
     # -- a whole partition ------------------------------------------------------------------
@@ -547,67 +545,96 @@ def _canonical(labels: np.ndarray) -> bytes:
 
 
 def _bottleneck_matching(cost: np.ndarray) -> tuple[float, np.ndarray]:
-    """Perfect matching of rows to columns minimising the largest matched entry (then the
-    sum): binary search on the threshold, feasibility by ``linear_sum_assignment`` on the 0/1
-    matrix ``cost > t`` (zero total = a perfect matching inside the threshold)."""
+    """Perfect matching of rows to columns minimising the largest matched entry, then the sum.
+
+    ``linear_sum_assignment`` on ``cost`` with the entries above a threshold ``t`` priced out
+    finds the cheapest matching inside ``t`` if one exists. ``t`` starts at the lower bound
+    every row and column imposes (usually optimal); otherwise a guess from one assignment on
+    rank-exponential weights (the minimum-sum matching under weights ``(n+1)^rank`` has the
+    smallest possible largest rank) is verified by showing the next smaller value infeasible,
+    with a binary search over the distinct values as the fallback.
+    """
     n = cost.shape[0]
     if n == 1:
         return float(cost[0, 0]), np.zeros(1, dtype=np.intp)
-    low = max(cost.min(axis=1).max(), cost.min(axis=0).max())  # every row/column needs a match
-
-    def feasible(t: float) -> bool:
-        over = (cost > t).astype(float)
-        r, col = linear_sum_assignment(over)
-        return over[r, col].sum() == 0
-
-    if not feasible(low):
-        vals = np.unique(cost)
-        vals = vals[vals > low]
-        lo, hi = 0, vals.size - 1  # vals[hi] = max entry is always feasible
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if feasible(vals[mid]):
-                hi = mid
-            else:
-                lo = mid + 1
-        low = vals[lo]
+    rows = np.arange(n)
     big = float(cost.max()) * (n + 1) + 1.0
-    _, col = linear_sum_assignment(np.where(cost <= low, cost, big))
-    return float(low), col.astype(np.intp)
+
+    def attempt(t: float) -> np.ndarray | None:
+        _, col = linear_sum_assignment(np.where(cost <= t, cost, big))
+        return col if cost[rows, col].max() <= t else None
+
+    low = float(max(cost.min(axis=1).max(), cost.min(axis=0).max()))
+    col = attempt(low)
+    if col is not None:
+        return low, col.astype(np.intp)
+    vals = np.unique(cost)
+    vals = vals[vals > low]
+    lo, hi = 0, vals.size - 1  # the largest entry is always feasible
+    if vals.size * math.log(n + 1) < 600:  # guess from rank-exponential weights
+        rank = np.searchsorted(vals, cost) + 1.0
+        weights = np.where(cost > low, np.exp(rank * math.log(n + 1)), 0.0)
+        _, guess = linear_sum_assignment(weights)
+        g = int(np.searchsorted(vals, cost[rows, guess].max()))
+        if g == 0 or attempt(float(vals[g - 1])) is None:
+            lo = hi = g
+        else:
+            hi = g - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if attempt(float(vals[mid])) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    col = attempt(float(vals[lo]))
+    assert col is not None
+    return float(vals[lo]), col.astype(np.intp)
 
 
-def _held_karp(w: np.ndarray, allowed: np.ndarray, masks: list[np.ndarray],
+def _subset_layers(p: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per path length s: (masks of s nodes, mask before appending each node j, 0/inf
+    penalty where j is not in the mask), the constant part of Held-Karp for ``p`` nodes."""
+    allm = np.arange(1 << p)
+    bits = 1 << np.arange(p)
+    count = np.zeros(allm.size, dtype=np.intp)
+    for k in range(p):
+        count += (allm >> k) & 1
+    layers = []
+    for size in range(p + 1):
+        ms = allm[count == size]
+        inside = (ms[:, None] & bits[None, :]) != 0
+        layers.append((ms, ms[:, None] ^ bits[None, :], np.where(inside, 0.0, np.inf)))
+    return layers
+
+
+def _held_karp(w: np.ndarray, allowed: np.ndarray,
+               layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                ) -> tuple[float, list[int] | None]:
     """Cheapest open path visiting every node once with node ``j`` allowed at position ``k``
-    only where ``allowed[j, k]``; Held-Karp DP over subsets, one numpy pass per path length."""
+    only where ``allowed[j, k]``; Held-Karp DP over subsets (one numpy pass per path length),
+    the path recovered by walking the table backwards."""
     p = w.shape[0]
     full = 1 << p
-    bits = 1 << np.arange(p)
     table = np.full((full, p), np.inf)
-    parent = np.full((full, p), -1, dtype=np.intp)
+    ban = np.where(allowed, 0.0, np.inf)
     first = np.flatnonzero(allowed[:, 0])
-    table[bits[first], first] = 0.0
+    table[1 << first, first] = 0.0
     wt = w.T[None, :, :]  # [_, j, i] = w[i, j]
     for size in range(2, p + 1):
-        ms = masks[size]
-        prev = ms[:, None] ^ bits[None, :]  # (K, j): the mask before appending j
-        cand = table[prev] + wt  # (K, j, i)
-        best_i = cand.argmin(axis=2)
-        best = np.take_along_axis(cand, best_i[..., None], axis=2)[..., 0]
-        ok = ((ms[:, None] & bits[None, :]) != 0) & allowed[:, size - 1][None, :]
-        table[ms] = np.where(ok, best, np.inf)
-        parent[ms] = best_i
+        ms, prev, outside = layers[size]
+        table[ms] = (table[prev] + wt).min(axis=2) + outside + ban[:, size - 1]
     last = table[full - 1]
     j = int(np.argmin(last))
-    if not np.isfinite(last[j]):
+    total = float(last[j])
+    if not math.isfinite(total):
         return math.inf, None
     path, mask = [j], full - 1
     while len(path) < p:
-        i = int(parent[mask, j])
+        here = table[mask, j]
         mask ^= 1 << j
-        j = i
+        j = int(np.argmin(np.abs(table[mask] + w[:, j] - here)))
         path.append(j)
-    return float(last[path[0]]), path[::-1]
+    return total, path[::-1]
 
 
 def _order_cost(order: Sequence[int], w: np.ndarray, c: np.ndarray) -> tuple[float, float]:
@@ -617,14 +644,15 @@ def _order_cost(order: Sequence[int], w: np.ndarray, c: np.ndarray) -> tuple[flo
     return dp_c, pp_c
 
 
-def _exact_order(w: np.ndarray, c: np.ndarray, masks: list[np.ndarray],
+def _exact_order(w: np.ndarray, c: np.ndarray,
+                 layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                  ) -> tuple[list[int], float, float]:
     """Exact min over orders of ``max_k c[g_k, k] + path(w)``: the unconstrained Held-Karp
     path, then for each DP threshold T below its DP cost (ascending, stopping once
     ``T + path_0`` cannot win) the cheapest path with every group's DP cost <= T."""
     p = w.shape[0]
     everywhere = np.ones((p, p), dtype=bool)
-    path0_cost, order = _held_karp(w, everywhere, masks)
+    path0_cost, order = _held_karp(w, everywhere, layers)
     assert order is not None
     best_dp, best_pp = _order_cost(order, w, c)
     best = (best_dp + best_pp, order, best_dp, best_pp)
@@ -635,7 +663,7 @@ def _exact_order(w: np.ndarray, c: np.ndarray, masks: list[np.ndarray],
         # Cheap infeasibility check: every position and group needs an allowed slot.
         if not (allowed.any(axis=0).all() and allowed.any(axis=1).all()):
             continue
-        _, path = _held_karp(w, allowed, masks)
+        _, path = _held_karp(w, allowed, layers)
         if path is None:
             continue
         d, q = _order_cost(path, w, c)

@@ -91,8 +91,9 @@ def parse_fix(text: str | dict[str, Any] | None) -> dict[str, Any]:
     allowed = SEARCHED_FIELDS + CONSTANT_FIELDS
     for key in raw:
         if key not in allowed:
-            raise SpecError(f"--fix cannot pin {key!r}", field="fix", value=key,
-                            allowed=list(allowed))
+            raise SpecError(f"--fix cannot pin {key!r}; it can pin {', '.join(allowed)} "
+                            "(or the short names tp pp dp cp ep etp sp zero mbs vpp rc)",
+                            field="fix", value=key, allowed=list(allowed))
     try:
         ParallelPlan(**raw)
     except ValidationError as exc:

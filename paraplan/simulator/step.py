@@ -10,6 +10,7 @@ by compute + optimizer step. All times in seconds, memory in GiB (2^30 bytes).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,17 @@ def _gib(mem: StageMemory) -> dict[str, float]:
             "other": mem.other / GiB}
 
 
+@lru_cache(maxsize=4096)
+def _pipeline_span(schedule: str, t_f: tuple[float, ...], t_b: tuple[float, ...], m: int, v: int,
+                   t_w: tuple[float, ...], t_p2p: float) -> tuple[float, float]:
+    """(total, critical p2p) seconds of the event simulation; memoized because searches
+    re-simulate plans that differ only in fields the pipeline does not see (ZeRO stage, or
+    dp/cp/micro-batch swaps that keep per-rank work), and the simulation is O(p m v)."""
+    tl = simulate_pipeline(schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p,
+                           record_events=False)
+    return tl.total_s, tl.critical_p2p_s
+
+
 def even_split(num_layers: int, chunks: int) -> list[int]:
     """Layers per chunk, as even as possible (earlier chunks get the remainder)."""
     base, rem = divmod(num_layers, chunks)
@@ -144,8 +156,11 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
             tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
     cp_c = 0.0
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
+        # Every rank sends to its ring neighbour at once, so each step runs at the ring's
+        # bottleneck edge (an inter-node hop once the CP group spans nodes).
         kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
-        step = coll.group_p2p(topo, 0, t, kv)
+        ring = topo.ring(tuple(t * i for i in range(cp)))
+        step = coll.p2p(kv, ring.bandwidth_GBps * 1e9, ring.latency_s)
         cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
@@ -276,9 +291,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         excess = m * (max(f + b for f, b in zip(t_f, t_b, strict=True)) - mean_f - mean_b)
         span, pp_comm = pt.total_s + excess, pt.p2p_s
     else:
-        tl = simulate_pipeline(plan.schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p,
-                               record_events=False)
-        span, pp_comm = tl.total_s, tl.critical_p2p_s
+        span, pp_comm = _pipeline_span(plan.schedule, tuple(t_f), tuple(t_b), m, v,
+                                       tuple(t_w), t_p2p)
     crit = max(range(p), key=lambda r: t_f[r] + t_b[r])
     device = stage_device[crit]
     bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)

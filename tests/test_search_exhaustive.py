@@ -1,0 +1,57 @@
+"""Exhaustive search: its best plan is the best of simulate() over the whole space."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paraplan import TrainingSpec, load_cluster, load_model, search, simulate
+from paraplan.search.exhaustive import exhaustive_search
+from paraplan.search.space import SpaceOptions, build_space
+from paraplan.specs.errors import SpecError
+
+
+@pytest.mark.parametrize(("name", "cluster", "nodes", "batch", "seq"), [
+    ("gpt3-350m", "dgx-a100-80gb", 1, 64, 2048),
+    ("llama2-7b", "dgx-h100", 1, 32, 4096),
+])
+def test_exhaustive_best_equals_brute_force(name, cluster, nodes, batch, seq) -> None:
+    model, cl = load_model(name), load_cluster(cluster, nodes=nodes)
+    tr = TrainingSpec(global_batch_size=batch, seq_len=seq)
+    opts = SpaceOptions(max_micro_batch=8, max_virtual_stages=4)
+    res = exhaustive_search(model, cl, tr, top=3, options=opts)
+    space = build_space(model, cl, tr, options=opts)
+    times = []
+    for i in range(len(space)):
+        rep = simulate(model, cl, tr, space.plan(i))
+        times.append(rep.step_time_s if rep.feasible else np.inf)
+    times = np.sort(np.array(times))
+    got = [r.step_time_s for r in res.reports]
+    assert got == pytest.approx(times[:3].tolist(), rel=1e-12)
+    assert res.plans_evaluated == len(space)
+    assert res.extra["feasible_plans"] == int(np.isfinite(times).sum())
+
+
+def test_search_entry_point_and_contract() -> None:
+    model, cl = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    tr = TrainingSpec(global_batch_size=128, seq_len=8192)
+    res = search(model, cl, tr, top=4, fix="tp=2")
+    data = res.to_dict()
+    assert {"searcher", "plans_evaluated", "search_time_s", "plans",
+            "baseline_step_time_s"} <= set(data)
+    assert data["searcher"] == "exhaustive" and len(data["plans"]) == 4
+    steps = [p["step_time_s"] for p in data["plans"]]
+    assert steps == sorted(steps)
+    assert all(p["plan"]["tp"] == 2 and p["feasible"] for p in data["plans"])
+    assert data["baseline_step_time_s"] >= steps[0]
+
+
+def test_errors_are_spec_errors() -> None:
+    model, cl = load_model("llama3-70b"), load_cluster("dgx-h100", nodes=1)
+    tr = TrainingSpec(global_batch_size=8, seq_len=8192)
+    with pytest.raises(SpecError, match="no plan fits in memory"):
+        search(model, cl, tr)
+    with pytest.raises(SpecError, match="no legal plan"):
+        search(model, load_cluster("dgx-h100", nodes=4), tr, fix="tp=3")
+    with pytest.raises(SpecError, match="unknown searcher"):
+        search(model, cl, tr, searcher="magic")

@@ -1,0 +1,143 @@
+"""The plan space and its vectorized evaluator against simulate() and check_plan()."""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan import ParallelPlan, TrainingSpec, check_plan, load_cluster, load_model, simulate
+from paraplan.search.space import (
+    R_WORLD,
+    RECOMPUTES,
+    SpaceOptions,
+    build_space,
+    evaluate_space,
+    parse_fix,
+)
+from paraplan.simulator.pipeline import SCHEDULES, pipeline_time
+from paraplan.simulator.step import even_split
+from paraplan.specs.errors import SpecError
+
+CASES = (
+    ("llama3-8b", "dgx-h100", 2, 128, 4096),
+    ("gpt3-2.7b", "dgx-a100-80gb", 2, 256, 2048),
+    ("mixtral-8x7b", "dgx-h100", 4, 256, 4096),
+    ("deepseek-moe-16b", "dgx-h100", 2, 128, 4096),
+    ("llama2-13b", "aws-p4d.24xlarge", 2, 64, 4096),
+)
+
+
+@cache
+def _case(i: int):
+    name, cluster, nodes, batch, seq = CASES[i]
+    model, cl = load_model(name), load_cluster(cluster, nodes=nodes)
+    tr = TrainingSpec(global_batch_size=batch, seq_len=seq)
+    space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=8))
+    ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
+    return model, cl, tr, space, ev
+
+
+@settings(max_examples=120, deadline=None)
+@given(case=st.integers(0, len(CASES) - 1), pick=st.integers(0, 10**9))
+def test_evaluator_agrees_with_simulate(case: int, pick: int) -> None:
+    model, cl, tr, space, ev = _case(case)
+    i = pick % len(space)
+    plan = space.plan(i)
+    rep = simulate(model, cl, tr, plan, time_if_oom=True)
+    assert rep.step_time_s is not None, rep.reasons
+    assert ev.peak_gib[i] == pytest.approx(rep.memory_gb["peak"], rel=1e-9)
+    assert bool(ev.feasible[i]) == rep.feasible
+    if space.cols["uneven"][i]:
+        return  # simulate runs the event simulation there; the evaluator estimates
+    assert ev.exact[i]
+    assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
+    for key, val in rep.time_s.items():
+        assert ev.time[key][i] == pytest.approx(val, rel=1e-6, abs=1e-9 * rep.step_time_s)
+
+
+def test_every_plan_in_the_space_is_legal() -> None:
+    for case in range(len(CASES)):
+        model, cl, tr, space, _ = _case(case)
+        rng = np.random.default_rng(case)
+        for i in rng.choice(len(space), size=min(200, len(space)), replace=False):
+            plan = space.plan(int(i))
+            assert check_plan(model, cl, tr, plan) == [], plan.short()
+
+
+def test_space_is_complete_against_brute_force() -> None:
+    """Every legal plan of a small grid (checked one by one) is in the space, and no other."""
+    model, cl = load_model("gpt3-125m"), load_cluster("dgx-a100-80gb", nodes=1)
+    tr = TrainingSpec(global_batch_size=32, seq_len=2048)
+    opts = SpaceOptions(max_cp=8, max_micro_batch=32, max_virtual_stages=4)
+    space = build_space(model, cl, tr, options=opts)
+    got = {space.plan(i).model_dump_json() for i in range(len(space))}
+    want = set()
+    n, L = cl.num_gpus, model.num_layers
+    for tp, pp, cp in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)):
+        if tp * pp * cp > n or n % (tp * pp * cp):
+            continue
+        sched_v = [("1f1b", 1)] if pp == 1 else [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1)] + [
+            ("interleaved", v) for v in range(2, 5)]
+        for (sched, v), sp, zero, mbs, rc in itertools.product(
+                sched_v, (False, True), range(4), (1, 2, 4, 8, 16, 32), RECOMPUTES):
+            layers = None
+            if L % (pp * v):
+                if v > 1:
+                    continue
+                layers = even_split(L, pp)
+            plan = ParallelPlan(tp=tp, pp=pp, cp=cp, dp=n // (tp * pp * cp),
+                                sequence_parallel=sp, zero_stage=zero, micro_batch_size=mbs,
+                                schedule=sched, virtual_stages=v, recompute=rc,
+                                layers_per_stage=layers)
+            if not check_plan(model, cl, tr, plan):
+                want.add(plan.model_dump_json())
+    assert got == want
+    assert space.considered == len(space) + sum(space.rejected.values())
+
+
+def test_rejections_are_counted_by_reason() -> None:
+    model, cl = load_model("llama3-70b"), load_cluster("dgx-h100", nodes=4)
+    tr = TrainingSpec(global_batch_size=96, seq_len=4096)
+    space = build_space(model, cl, tr)
+    assert space.rejected[R_WORLD] > 0
+    assert space.considered == len(space) + sum(space.rejected.values())
+    assert all(c >= 0 for c in space.rejected.values())
+
+
+def test_fix_pins_fields_and_rejects_unknown_ones() -> None:
+    model, cl = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    tr = TrainingSpec(global_batch_size=64, seq_len=4096)
+    space = build_space(model, cl, tr, parse_fix("tp=4,rc=full,zero=1,tp_comm_overlap=1"))
+    assert set(space.cols["tp"].tolist()) == {4}
+    assert set(space.cols["rc"].tolist()) == {RECOMPUTES.index("full")}
+    assert space.plan(0).tp_comm_overlap is True
+    with pytest.raises(SpecError, match="cannot pin 'foo'"):
+        parse_fix("foo=3")
+    with pytest.raises(SpecError):
+        parse_fix("tp=0")
+    with pytest.raises(SpecError, match="key=value"):
+        parse_fix("tp")
+
+
+@settings(max_examples=200, deadline=None)
+@given(p=st.integers(2, 12), v=st.integers(2, 6), extra=st.integers(1, 30),
+       tf=st.floats(0.01, 3), tb=st.floats(0.01, 6), c=st.floats(0, 0.5))
+def test_interleaved_bound_is_a_lower_bound(p, v, extra, tf, tb, c) -> None:
+    """The closed form used for interleaved m % p != 0 never exceeds the event simulation."""
+    m = p + extra
+    if m % p == 0:
+        m += 1
+    n = m * v + p - 1
+    exact = pipeline_time("interleaved", p, m, tf, tb, v=v, t_p2p=c)
+    assert n * (tf + tb) / v + 2 * n * c <= exact.total_s * (1 + 1e-12)
+    assert n * (tf + tb) / v <= (exact.total_s - exact.p2p_s) * (1 + 1e-12)
+
+
+def test_schedules_in_space_match_pipeline_module() -> None:
+    _, _, _, space, _ = _case(0)
+    assert set(space.cols["sched"].tolist()) <= set(range(len(SCHEDULES)))
