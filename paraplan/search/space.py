@@ -23,8 +23,10 @@ Times are seconds, memory GiB (2^30 bytes).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -354,7 +356,8 @@ class _Context:
 
 
 def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None = None, *,
-                   exact_interleaved: bool = True, times_for_oom: bool = False) -> Evaluation:
+                   exact_interleaved: bool = True, times_for_oom: bool = False,
+                   workers: int | None = None) -> Evaluation:
     """Step time, peak memory and time breakdown of every plan (see module docstring).
 
     Args:
@@ -365,7 +368,11 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             those whose bound could still reach the top.
         times_for_oom: also time plans that do not fit in memory (else their step time is
             NaN, as ``simulate`` returns no time for them).
+        workers: threads for the array work (default: the CPUs this process may use).
     """
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
     model, cluster, training = space.model, space.cluster, space.training
     if not cluster.is_homogeneous:
         raise SpecError("the vectorized evaluator needs one GPU type; use --searcher ilp or "
@@ -460,15 +467,25 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                    ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
                    edp=edp, t_p2p=t_p2p)
     pv, pvinv = _key_index([c["pp"], c["v"]])
-    done = 0
-    for gi, (p, v) in enumerate(pv):
-        p, v = int(p), int(v)
-        idx = np.nonzero(pvinv == gi)[0]
+    order = np.argsort(pvinv, kind="stable")
+    bounds = np.searchsorted(pvinv[order], np.arange(len(pv) + 1))
+    blocks = [(int(p), int(v), order[bounds[g]:bounds[g + 1]]) for g, (p, v) in enumerate(pv)]
+    blocks.sort(key=lambda b: -len(b[2]))  # largest first balances the workers
+
+    def run(block: tuple[int, int, np.ndarray]) -> int:
+        p, v, idx = block
         _evaluate_block(space, p, v, idx, ctx, out_step, out_peak, out_worst, times, exact,
                         times_for_oom)
-        done += len(idx)
-        if progress is not None:
-            progress(done, n)
+        return len(idx)
+
+    # numpy releases the GIL inside its array loops, so blocks (disjoint rows) evaluate in
+    # parallel threads; results are written to disjoint slices of the output arrays.
+    done = 0
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(blocks)))) as pool:
+        for count in pool.map(run, blocks):
+            done += count
+            if progress is not None:
+                progress(done, n)
     return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
 
 
