@@ -393,3 +393,16 @@ def test_recompute_reports_a_stage_that_cannot_fit():
     model, cluster, training, plan = recompute_setup()
     with pytest.raises(SpecError, match="even with all .* recomputed"):
         per_layer_recompute(model, cluster, training, plan, memory_budget_gb=1.0)
+
+
+def test_dp_searcher_is_never_slower_than_exhaustive() -> None:
+    from paraplan import search
+
+    model, cl = load_model("llama3-8b"), load_cluster("dgx-a100-80gb", nodes=3)
+    tr = TrainingSpec(global_batch_size=48, seq_len=4096)
+    for fix in ("pp=3", "pp=3,tp=8,rc=full", None):
+        ex = search(model, cl, tr, searcher="exhaustive", top=3, fix=fix)
+        dp = search(model, cl, tr, searcher="dp", top=3, fix=fix)
+        assert dp.searcher == "dp" and dp.reports
+        assert dp.best.step_time_s <= ex.best.step_time_s * (1 + 1e-12)
+        assert dp.baseline_step_time_s >= dp.best.step_time_s

@@ -283,8 +283,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if p > 1:
         # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
         t_p2p = coll.group_p2p(topo, 0, span_ranks, act_bytes / t)
-    if plan.layers_per_stage is None:
-        # Even split: stages differ only by the embedding / LM head. Closed form on the mean
+    if len(set(chunks)) == 1:
+        # Even split (given or implied: the same split always gets the same time); stages
+        # differ only by the embedding / LM head. Closed form on the mean
         # stage plus the slowest stage's excess in every steady-state slot (exact when equal).
         mean_f, mean_b, mean_w = sum(t_f) / p, sum(t_b) / p, sum(t_w) / p
         pt = pipeline_time(plan.schedule, p, m, mean_f, mean_b, v=v, t_w=mean_w, t_p2p=t_p2p)
