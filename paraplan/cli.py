@@ -509,6 +509,74 @@ def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: An
                 out.print(f"  {n:>12,}  {reason}")
 
 
+@app.command()
+def pareto(
+    model: Annotated[str, typer.Option("--model", "-m", help="Preset, YAML or HF config.json.")],
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Preset or cluster YAML.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per step.")],
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")],
+    nodes: Annotated[str, typer.Option(
+        "--nodes", "-n", help="Node counts to compare, e.g. 4,8,16,32.")] = "",
+    fix: Annotated[str | None, typer.Option(help="Pin parts of the plan, e.g. tp=8.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="At most this many points.")] = 25,
+    precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="Write the front to this PNG/SVG/PDF.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Pareto front of throughput vs memory headroom vs $ per hour across cluster sizes.
+
+    Example: paraplan pareto --model llama3-70b --cluster dgx-h100 --nodes 4,8,16,32
+    --global-batch 512 --seq-len 8192 --plot front.png
+    """
+    from pydantic import ValidationError
+
+    from paraplan.search.pareto import pareto_front
+    from paraplan.search.space import parse_fix
+    from paraplan.specs.errors import from_validation_error
+    from paraplan.specs.training import TrainingSpec
+
+    try:
+        sizes = [int(x) for x in nodes.replace(" ", ",").split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(f"--nodes={nodes!r} must be node counts like 4,8,16", field="--nodes",
+                        value=nodes) from None
+    spec_model = load_model(model)
+    spec_cluster = load_cluster(cluster)
+    try:
+        training = TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
+                                precision=precision)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "training") from None
+    if plot is not None and Path(plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise SpecError(f"--plot={plot!r} must end in .png, .svg or .pdf", field="--plot",
+                        value=plot, allowed=[".png", ".svg", ".pdf"])
+    points = [p.to_dict() for p in pareto_front(spec_model, spec_cluster, training,
+                                                 nodes=sizes or None, fix=parse_fix(fix),
+                                                 limit=limit)]
+    if plot is not None:
+        from paraplan.viz.pareto import pareto_figure
+        from paraplan.viz.timeline import save_figure
+
+        save_figure(pareto_figure(points, f"{spec_model.name} on {spec_cluster.name}"), plot)
+        if fmt is not Format.json:
+            sys.stderr.write(f"wrote {plot}\n")
+    if fmt is Format.json:
+        emit_json({"points": points})
+        return
+    table = Table(title=f"Pareto front: {spec_model.name} on {spec_cluster.name}",
+                  title_justify="left")
+    for col in ("nodes", "plan", "tokens/s", "MFU", "headroom GiB", "$/hour", "$/M tokens"):
+        table.add_column(col, justify="left" if col == "plan" else "right")
+    for p in points:
+        table.add_row(str(p["nodes"]), p["plan_short"], f"{p['tokens_per_s']:,.0f}",
+                      f"{100 * p['mfu']:.1f}%", f"{p['headroom_gib']:.1f}",
+                      "-" if p["dollars_per_hour"] is None else f"{p['dollars_per_hour']:,.0f}",
+                      "-" if p["dollars_per_million_tokens"] is None
+                      else f"{p['dollars_per_million_tokens']:.3f}")
+    console().print(table)
+
+
 # ---- validate-published ----------------------------------------------------------------------
 @app.command("validate-published")
 def validate_published_cmd(
