@@ -1,64 +1,67 @@
 """DT-FM-style placement of pipeline x data-parallel tasklets on a heterogeneous network.
 
 Yuan et al. 2022, "Decentralized Training of Foundation Models in Heterogeneous
-Environments" (NeurIPS 2022; "DT-FM" below). Training with ``pp`` pipeline stages and ``dp``
-data-parallel replicas (tp = cp = 1) splits one step into ``pp * dp`` *tasklets*
-``(stage k, replica i)``, one per GPU. On a slow, heterogeneous network (GPUs in several
-regions) *which* GPU runs which tasklet decides the communication time. DT-FM sec 3.1 reduces
-a placement to
+Environments" (NeurIPS 2022; "DT-FM" below), sec 3 (scheduling: cost model and search), and
+its reference scheduler (DS3Lab/Decentralized_FM_alpha,
+``scheduler/heuristic_evolutionary_solver/scheduler.py``). Training with ``pp`` pipeline
+stages and ``dp`` data-parallel replicas (tp = cp = 1) splits a step into ``pp * dp``
+*tasklets* ``(stage k, replica i)``, one per GPU. On a slow, heterogeneous network (GPUs in
+several regions) *which* GPU runs which tasklet decides the communication time. DT-FM's cost
+model (sec 3) reduces a placement to
 
 1. a **partition** of the GPUs into ``pp`` groups of ``dp`` (group ``k`` runs stage ``k`` for
-   every replica and all-reduces that stage's gradients inside itself, DT-FM sec 3.2 "data
-   parallel cost": a balanced graph partition);
-2. an **order** of the groups along the pipeline (DT-FM sec 3.2 "pipeline parallel cost":
-   an open-loop travelling-salesman path over the coarsened graph of groups); and
+   every replica and all-reduces that stage's gradients inside itself: a balanced graph
+   partition);
+2. an **order** of the groups along the pipeline (an open-loop travelling-salesman path over
+   the "coarsened" graph whose nodes are the groups); and
 3. between consecutive groups a **matching** of replicas (replica ``i``'s stage-``k`` GPU sends
-   its activations to replica ``i``'s stage-``k+1`` GPU; DT-FM sec 3.2: a bipartite matching
-   whose slowest pair sets the boundary's cost).
+   its activations to replica ``i``'s stage-``k+1`` GPU; the slowest matched pair sets the
+   boundary's cost, a bottleneck bipartite matching).
 
-Cost model (every time in seconds, every size in bytes, bandwidths in bytes/s):
+Cost model (times in seconds, sizes in bytes, bandwidths in bytes/s; ``alpha``/``beta`` are a
+GPU pair's latency/bandwidth):
 
-* **DP cost** (DT-FM sec 3.2 eq. "DataP-cost", max over stages because the stages synchronise
-  concurrently). Stage ``k`` all-reduces ``dp_bytes[k]`` bytes (per GPU) over its group of
-  ``n = dp`` GPUs with a ring (Patarasuk & Yuan 2009; the convention of
+* **DP cost** (DT-FM sec 3, data-parallel cost; the max over stages because the stages
+  synchronise concurrently). Stage ``k`` all-reduces ``dp_bytes[k]`` bytes (per GPU) over its
+  group of ``n = dp`` GPUs with a ring (Patarasuk & Yuan 2009; the convention of
   ``paraplan.specs.topology.Topology.ring`` and ``simulator.collectives.ring_all_reduce``)::
 
       ring_k = 2(n-1) * L_max + 2(n-1)/n * dp_bytes[k] / B_min
 
-  where ``B_min`` and ``L_max`` are the smallest bandwidth and largest latency over the ring's
-  edges. The ring order inside the group is chosen to minimise ``ring_k``: exactly (all
-  ``(n-1)!/2`` rings) for ``n <= 8``, by nearest-neighbour + 2-opt above. DT-FM's own
-  estimate (a scatter-gather all-reduce where every GPU exchanges ``1/n`` of the gradients with
-  every other: ``max_d sum_{d' != d} 2(alpha_dd' + S/(n beta_dd'))``) is available with
+  where ``B_min`` and ``L_max`` are the smallest bandwidth and largest latency on the ring's
+  edges. The ring order inside the group is the one minimising ``ring_k``: exact (all
+  ``(n-1)!/2`` rings) for ``n <= 8``, nearest neighbour + 2-opt above. DT-FM's own estimate
+  (scatter-gather: every GPU exchanges ``1/n`` of the gradients with every other,
+  ``max_d sum_{d' != d} 2 (alpha_dd' + S / (n beta_dd'))``) is available with
   ``dp_algorithm="scatter_gather"``. ``dp_cost = max_k ring_k``.
-* **PP cost** (DT-FM sec 3.2 "PipelineP-cost"). One message of ``pp_bytes`` between GPUs ``a``
-  and ``b`` costs ``alpha_ab + pp_bytes / beta_ab``; the cost of the boundary between the
-  groups at positions ``k`` and ``k+1`` is the slowest matched pair,
-  ``c_k = max_i (alpha + pp_bytes/beta)(g_k[i], g_{k+1}[i])``, minimised by a *bottleneck*
-  bipartite matching. Every micro-batch crosses every boundary once forward (activations) and
-  once backward (activation gradients), so ``pp_cost = 2 * m * sum_k c_k``. DT-FM's reference
-  scheduler scores ``DataP-cost + 2 * PipelineP-cost`` with one message carrying the whole
-  batch's activations; we charge the latency once per micro-batch (``m`` messages of
-  ``pp_bytes`` each way), which equals DT-FM's bandwidth term and is more conservative on
-  latency. Summing over boundaries is DT-FM's open-loop TSP objective (the pipeline's critical
-  path crosses every boundary).
-* **Total** ``cost_s = dp_cost + pp_cost`` (DT-FM sec 3.2, "comm-cost").
+* **PP cost** (DT-FM sec 3, pipeline-parallel cost). One message of ``pp_bytes`` between GPUs
+  ``a`` and ``b`` takes ``alpha_ab + pp_bytes / beta_ab``; the boundary between the groups at
+  positions ``k`` and ``k+1`` costs its slowest matched pair,
+  ``c_k = max_i (alpha + pp_bytes/beta)(g_k[i], g_k+1[i])``, minimised by a bottleneck
+  bipartite matching. Every micro-batch crosses every boundary forward (activations) and
+  backward (their gradients): ``pp_cost = 2 * m * sum_k c_k``. DT-FM's reference scheduler
+  scores ``DataP + 2 * PipelineP`` with one message carrying all the micro-batches'
+  activations; we charge one latency per micro-batch (``m`` messages of ``pp_bytes`` each
+  way): the same bandwidth term, a more conservative latency term. Summing the boundaries is
+  DT-FM's open-loop TSP objective.
+* **Total** ``cost_s = dp_cost + pp_cost`` (DT-FM sec 3's communication cost).
 
-For a partition, the best order is solved exactly (Held-Karp dynamic programming over
-subsets, jointly with the position-dependent DP cost by enumerating DP-cost thresholds) for
-``pp <= 10`` and by nearest-neighbour + 2-opt above; the matchings exactly
-(``scipy.optimize.linear_sum_assignment`` on thresholded costs, binary search on the
-threshold). The search over partitions is DT-FM sec 4's hybrid genetic algorithm (a memetic
-algorithm): group-preserving crossover, mutation by swapping GPUs across groups, and a
-Kernighan-Lin-style local search of improving swaps, ranked by a vectorised swap-gain
-surrogate and verified with the exact cost.
+For a partition, the order is solved exactly for ``pp <= 10`` (Held-Karp dynamic programming
+over subsets, jointly with the position-dependent DP cost by enumerating DP-cost thresholds),
+by nearest neighbour + 2-opt above; matchings exactly (``scipy.optimize.linear_sum_assignment``
+on thresholded costs). The search over partitions is DT-FM's hybrid genetic algorithm (sec 3;
+GCMA-style in the reference scheduler): group-preserving crossover, mutation by swapping GPUs
+across groups, and a Kernighan-Lin-style local search of improving swaps, ranked by a
+vectorised swap-gain surrogate, screened by a lower bound and verified with the exact cost.
+GPUs that are interchangeable (same links to everyone, e.g. one DT-FM region) are grouped
+into classes so that isomorphic partitions are costed once.
 
 Entry points: :func:`evolutionary_placement` (the search), :func:`rank_order_placement`
-(Megatron's naive order: stage ``k`` = GPUs ``[k*dp, (k+1)*dp)``), :func:`random_placement`,
-:func:`exhaustive_placement` (ground truth for tiny instances), :func:`placement_cost` (a
-given placement) and :func:`comm_volumes` (``dp_bytes``, ``pp_bytes``, ``m`` from a model,
-training spec and plan with the simulator's conventions). All functions are pure: the caches
-live inside one call.
+(Megatron's order: stage ``k`` = GPUs ``[k*dp, (k+1)*dp)``), :func:`random_placement`,
+:func:`exhaustive_placement` (ground truth on tiny instances), :func:`placement_cost` (a given
+placement) and :func:`comm_volumes` (``dp_bytes``, ``pp_bytes``, ``m`` from a model,
+training spec and plan with the simulator's conventions). All functions are pure; memo
+tables live inside one call.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -227,7 +230,7 @@ def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
 
 @dataclass(frozen=True)
 class PlacementResult:
-    """A placement and its communication cost per step (DT-FM sec 3.2).
+    """A placement and its communication cost per step (DT-FM sec 3).
 
     ``groups[k][i]`` is the GPU running stage ``k`` (pipeline order) of replica ``i``: row
     ``k`` is stage ``k``'s data-parallel group, column ``i`` is replica ``i``'s pipeline.
@@ -250,7 +253,8 @@ class PlacementResult:
     boundary_cost_s: tuple[float, ...] = ()
     evaluations: int = 0
     """Distinct partitions whose cost was computed."""
-    search_time_s: float = 0.0
+    search_time_s: float = field(default=0.0, compare=False)
+    """Wall-clock seconds of the search (not compared: equal seeds give equal results)."""
 
     @property
     def pp(self) -> int:
@@ -385,7 +389,8 @@ def _heuristic_rings(bw: np.ndarray, lat: np.ndarray, s_ref: float, starts: int 
             old = w4[a, b]
             delta = (w4[a[:, None], a[None, :]] + w4[b[:, None], b[None, :]]
                      - old[:, None] - old[None, :])
-            delta = np.triu(delta, 2)
+            delta = np.triu(delta, 2)  # edges i and j must not share a node ...
+            delta[0, n - 1] = 0.0  # ... including the closing edge of the ring
             i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
             if delta[i, j] >= -1e-12 * max(1.0, old.sum()):
                 break
@@ -394,40 +399,92 @@ def _heuristic_rings(bw: np.ndarray, lat: np.ndarray, s_ref: float, starts: int 
     return np.unique(np.array(rings), axis=0)
 
 
+def _interchangeable(bw: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """Class id per GPU: GPUs ``u`` and ``v`` share a class when they see every other GPU
+    with the same bandwidth and latency (e.g. the GPUs of one DT-FM region). Swapping them
+    changes no cost, so partitions are compared by the classes in each group (an exact
+    symmetry reduction). GPUs are bucketed by the sorted multiset of their links (a
+    necessary condition), then compared exactly against each class's first member (the
+    relation is transitive)."""
+    n = bw.shape[0]
+    cls = np.full(n, -1, dtype=np.intp)
+    buckets: dict[bytes, list[int]] = {}
+    reps: list[int] = []
+    for u in range(n):
+        row = np.delete(np.stack([bw[u], lat[u]], axis=1), u, axis=0)
+        sig = row[np.lexsort(row.T[::-1])].tobytes()
+        for r in buckets.setdefault(sig, []):
+            diff = (bw[r] != bw[u]) | (lat[r] != lat[u])
+            diff[[u, r]] = False
+            if not diff.any():
+                cls[u] = cls[r]
+                break
+        else:
+            cls[u] = len(reps)
+            reps.append(u)
+            buckets[sig].append(u)
+    return cls
+
+
 class _Evaluator:
-    """The cost model of one problem with memo tables (local to one search call)."""
+    """The cost model of one problem with memo tables (local to one search call).
+
+    Groups, boundaries and partitions are memoised by their GPU *classes*
+    (:func:`_interchangeable`), so isomorphic partitions are costed once.
+    """
 
     def __init__(self, prob: _Problem) -> None:
         self.p = prob
         bw, lat = prob.pairs.bandwidth_Bps, prob.pairs.latency_s
         self.bw, self.lat = bw, lat
-        # Seconds per pipeline message between two GPUs (DT-FM sec 3.2: alpha + c/beta).
+        # Seconds per pipeline message between two GPUs (DT-FM sec 3: alpha + c/beta).
         self.msg = lat + prob.pp_bytes / bw
         self.has_pp = prob.pp > 1 and prob.pp_bytes > 0
+        self.cls = _interchangeable(bw, lat)
         self._rings: dict[int, np.ndarray] = {}
-        self._group: dict[tuple[int, ...], np.ndarray] = {}
-        self._pair: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[float, np.ndarray]] = {}
+        self._group: dict[bytes, np.ndarray] = {}
+        self._pair: dict[tuple[bytes, bytes], float] = {}
         self._cost: dict[bytes, tuple[float, float, float]] = {}
+        self._above: dict[bytes, float] = {}  # partitions known to cost more than this
+        self._bound: dict[bytes, float] = {}  # lower bounds of partitions not yet costed
         self._layers: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.evaluations = 0
 
-    # -- DP: ring all-reduce per stage (DT-FM sec 3.2, DataP-cost) --------------------------
-    def group_costs(self, g: tuple[int, ...]) -> np.ndarray:
+    # -- keys -------------------------------------------------------------------------------
+    def members(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(members, classes): the GPUs of each group (rows, ascending) and their sorted
+        class ids, rows in a canonical order (lexicographic by classes)."""
+        p, d = self.p.pp, self.p.dp
+        members = np.argsort(labels, kind="stable").reshape(p, d)
+        classes = np.sort(self.cls[members], axis=1)
+        order = np.lexsort(classes.T[::-1])
+        return members[order], classes[order]
+
+    def key(self, labels: np.ndarray) -> bytes:
+        """Partition key, equal for partitions equal up to group labels and interchangeable
+        GPUs."""
+        return self.members(labels)[1].tobytes()
+
+    # -- DP: ring all-reduce per stage (DT-FM sec 3, data-parallel cost) --------------------------
+    def group_costs(self, g: Sequence[int] | np.ndarray, key: bytes | None = None,
+                    ) -> np.ndarray:
         """Seconds for group ``g`` to all-reduce ``dp_bytes[k]``, for each stage ``k``."""
-        hit = self._group.get(g)
+        idx = np.asarray(g, dtype=np.intp)
+        if key is None:
+            key = np.sort(self.cls[idx]).tobytes()
+        hit = self._group.get(key)
         if hit is not None:
             return hit
         s = self.p.dp_bytes
-        n = len(g)
+        n = idx.size
         if n == 1:
             out = np.zeros_like(s)
         else:
-            idx = np.array(g)
             sub = idx[:, None] * self.bw.shape[0] + idx[None, :]
             bw = self.bw.ravel()[sub]
             lat = self.lat.ravel()[sub]
             if self.p.dp_algorithm == "scatter_gather":
-                # DT-FM sec 3.2: every GPU exchanges 1/n of the gradients with every other.
+                # DT-FM sec 3: every GPU exchanges 1/n of the gradients with every other.
                 inv = 1.0 / bw
                 np.fill_diagonal(inv, 0.0)
                 a = 2.0 * lat.sum(axis=1)
@@ -445,103 +502,181 @@ class _Evaluator:
                 b_min = bw.ravel()[edges].min(axis=1)
                 l_max = lat.ravel()[edges].max(axis=1)
                 # 2(n-1) alpha + 2(n-1)/n S/B for the best ring at each stage's volume.
-                out = np.min(2 * (n - 1) * l_max[:, None]
-                             + 2 * (n - 1) / n * s[None, :] / b_min[:, None], axis=0)
+                vols, inverse = np.unique(s, return_inverse=True)
+                best = np.min(2 * (n - 1) * l_max[:, None]
+                              + 2 * (n - 1) / n * vols[None, :] / b_min[:, None], axis=0)
+                out = best[inverse]
             out = np.where(s > 0, out, 0.0)
         out.setflags(write=False)
-        self._group[g] = out
+        self._group[key] = out
         return out
 
-    # -- PP: bottleneck matching between two groups (DT-FM sec 3.2) -------------------------
-    def boundary(self, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[float, np.ndarray]:
-        """(seconds per message of the slowest matched pair, ``match``) where replica on
+    def ring_lower_bound(self, members: np.ndarray) -> np.ndarray:
+        """(groups, stages) lower bound on :meth:`group_costs` without enumerating rings: in a
+        ring every GPU has two neighbours, so the ring's slowest edge is no faster than any
+        GPU's second-fastest link and its largest latency no smaller than any GPU's
+        second-smallest (seconds)."""
+        n = members.shape[1]
+        s = self.p.dp_bytes
+        if n == 1 or self.p.dp_algorithm != "ring":
+            return np.stack([self.group_costs(row) for row in members])
+        bw = np.sort(self.bw[members[:, :, None], members[:, None, :]], axis=2)
+        lat = np.sort(self.lat[members[:, :, None], members[:, None, :]], axis=2)
+        k = 1 if n == 2 else 2  # entry 0 of each row is the GPU itself (inf bw, 0 latency)
+        b_ub = bw[:, :, n - 1 - k].min(axis=1)
+        l_lb = lat[:, :, k].max(axis=1)
+        out = 2 * (n - 1) * (l_lb[:, None] + s[None, :] / (n * b_ub[:, None]))
+        return np.where(s[None, :] > 0, out, 0.0)
+
+    # -- PP: bottleneck matching between two groups (DT-FM sec 3) ---------------------------
+    def matching(self, a: Sequence[int], b: Sequence[int]) -> tuple[float, np.ndarray]:
+        """(seconds per message of the slowest matched pair, ``match``): the replica on
         ``a[i]`` sends to ``b[match[i]]``; the bottleneck-optimal matching with the least
         total time among those."""
         if not self.has_pp:
             return 0.0, np.arange(len(a))
-        if a > b:
-            c, match = self.boundary(b, a)
-            inv = np.empty_like(match)
-            inv[match] = np.arange(match.size)
-            return c, inv
-        key = (a, b)
+        return _bottleneck_matching(self.msg[np.asarray(a)[:, None], np.asarray(b)[None, :]])
+
+    def boundary(self, a: np.ndarray, b: np.ndarray, ka: bytes, kb: bytes) -> float:
+        """Seconds per message across the boundary between groups ``a`` and ``b``, memoised
+        by their classes ``ka`` and ``kb``."""
+        if not self.has_pp:
+            return 0.0
+        key = (ka, kb) if ka <= kb else (kb, ka)
         hit = self._pair.get(key)
-        if hit is not None:
-            return hit
-        cost = self.msg[np.array(a)[:, None], np.array(b)[None, :]]
-        hit = self._pair[key] = _bottleneck_matching(cost)
+        if hit is None:
+            hit = self._pair[key] = self.matching(a, b)[0]
         return hit
 
-    # -- order along the pipeline (DT-FM sec 3.2, open-loop TSP) ----------------------------
+    # -- order along the pipeline (DT-FM sec 3, open-loop TSP) ------------------------------
     def layers(self, p: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         hit = self._layers.get(p)
         if hit is None:
             hit = self._layers[p] = _subset_layers(p)
         return hit
 
-    def best_order(self, w: np.ndarray, c: np.ndarray) -> tuple[list[int], float, float]:
+    def best_order(self, w: np.ndarray, c: np.ndarray, cutoff: float = math.inf,
+                   ) -> tuple[list[int], float, float] | None:
         """Order of groups minimising ``max_k c[g_k, k] + sum_k w[g_k, g_k+1]`` (seconds):
-        (order, dp cost, pp cost)."""
+        (order, dp cost, pp cost); None if that exceeds ``cutoff``."""
         p = w.shape[0]
         if p == 1:
-            return [0], float(c[0, 0]), 0.0
-        if p <= ORDER_EXACT_MAX:
-            return _exact_order(w, c, self.layers(p))
-        return _heuristic_order(w, c)
+            found = [0], float(c[0, 0]), 0.0
+        elif p <= ORDER_EXACT_MAX:
+            return _exact_order(w, c, self.layers(p), cutoff)
+        else:
+            found = _heuristic_order(w, c)
+        return None if found[1] + found[2] > cutoff else found
 
     # -- a whole partition ------------------------------------------------------------------
-    def _parts(self, labels: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray, np.ndarray]:
-        p, d = self.p.pp, self.p.dp
-        members = np.argsort(labels, kind="stable").reshape(p, d)
-        keys = [tuple(row) for row in members.tolist()]
-        keys.sort()
-        c = np.stack([self.group_costs(g) for g in keys])
+    def parts(self, members: np.ndarray, classes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(c, b): DP seconds of each group at each stage, seconds per message of each
+        boundary between two groups."""
+        p = members.shape[0]
+        keys = [row.tobytes() for row in classes]
+        c = np.stack([self.group_costs(members[i], keys[i]) for i in range(p)])
         b = np.zeros((p, p))
         if self.has_pp:
             for i in range(p):
                 for j in range(i + 1, p):
-                    b[i, j] = b[j, i] = self.boundary(keys[i], keys[j])[0]
-        return keys, c, b
+                    b[i, j] = b[j, i] = self.boundary(members[i], members[j], keys[i], keys[j])
+        return c, b
 
-    def cost(self, labels: np.ndarray) -> tuple[float, float, float]:
-        """(total, dp, pp) seconds of the best order and matchings for partition ``labels``."""
-        key = _canonical(labels)
+    def lower_bound(self, labels: np.ndarray) -> float:
+        """A cheap lower bound on :meth:`cost` (seconds), to skip hopeless swaps.
+
+        DP: every group sits at some position and every position holds some group, so the
+        DP cost is at least ``max(max_g min_k c[g,k], max_k min_g c[g,k])`` with ``c`` from
+        :meth:`ring_lower_bound`. PP: a boundary's bottleneck matching is at least the
+        largest row minimum and column minimum of its pair-cost matrix (every GPU needs a
+        partner), and a pipeline path is a spanning tree of the groups, so ``2 m`` x the
+        minimum spanning tree of those bounds (Prim) is at most the pipeline cost.
+        """
+        members, classes = self.members(labels)
+        key = classes.tobytes()
         hit = self._cost.get(key)
         if hit is not None:
-            return hit
-        _, c, b = self._parts(labels)
-        _, dp_c, pp_c = self.best_order(2.0 * self.p.m * b, c)
+            return hit[0]
+        known = self._bound.get(key)
+        if known is not None:
+            return known
+        c = self.ring_lower_bound(members)
+        bound = float(max(c.min(axis=1).max(), c.min(axis=0).max()))
+        if self.has_pp:
+            cost = self.msg[members[:, None, :, None], members[None, :, None, :]]
+            w = np.maximum(cost.min(axis=3).max(axis=2), cost.min(axis=2).max(axis=2))
+            bound += 2.0 * self.p.m * _spanning_tree(w.tolist())
+        self._bound[key] = bound
+        return bound
+
+    def cost(self, labels: np.ndarray, cutoff: float = math.inf,
+             ) -> tuple[float, float, float] | None:
+        """(total, dp, pp) seconds of the best order and matchings for partition ``labels``,
+        or None when the total exceeds ``cutoff`` (known without finishing the search)."""
+        members, classes = self.members(labels)
+        key = classes.tobytes()
+        hit = self._cost.get(key)
+        if hit is not None:
+            return hit if hit[0] <= cutoff else None
+        if self._above.get(key, -math.inf) >= cutoff:
+            return None
+        c, b = self.parts(members, classes)
+        found = self.best_order(2.0 * self.p.m * b, c, cutoff)
+        if found is None:
+            self._above[key] = max(cutoff, self._above.get(key, -math.inf))
+            return None
+        _, dp_c, pp_c = found
         hit = self._cost[key] = (dp_c + pp_c, dp_c, pp_c)
         self.evaluations += 1
         return hit
+
+    def total(self, labels: np.ndarray) -> tuple[float, float, float]:
+        """:meth:`cost` without a cutoff."""
+        found = self.cost(labels)
+        assert found is not None
+        return found
 
     def placement(self, labels: np.ndarray) -> tuple[list[list[int]], tuple[float, ...],
                                                       tuple[float, ...], float, float]:
         """Groups in pipeline and replica order for partition ``labels``, with per-stage DP
         seconds, per-boundary seconds per message, dp cost and pp cost."""
-        keys, c, b = self._parts(labels)
-        order, dp_c, pp_c = self.best_order(2.0 * self.p.m * b, c)
-        return self.ordered(keys, order, c, b) + (dp_c, pp_c)
+        members, classes = self.members(labels)
+        c, b = self.parts(members, classes)
+        found = self.best_order(2.0 * self.p.m * b, c)
+        assert found is not None
+        order, dp_c, pp_c = found
+        return self.ordered(members, order, c, b) + (dp_c, pp_c)
 
-    def ordered(self, keys: list[tuple[int, ...]], order: Sequence[int], c: np.ndarray,
-                b: np.ndarray) -> tuple[list[list[int]], tuple[float, ...], tuple[float, ...]]:
-        seq = [keys[i] for i in order]
-        groups = [list(seq[0])]
+    def ordered(self, members: np.ndarray | Sequence[Sequence[int]], order: Sequence[int],
+                c: np.ndarray, b: np.ndarray,
+                ) -> tuple[list[list[int]], tuple[float, ...], tuple[float, ...]]:
+        """Groups ``members`` laid out along ``order``, each boundary's bottleneck matching
+        chaining the replicas; with per-stage DP seconds and per-boundary seconds."""
+        seq = [list(map(int, members[i])) for i in order]
+        groups = [seq[0]]
         for k in range(len(seq) - 1):
-            _, match = self.boundary(seq[k], seq[k + 1])
-            pos = {gpu: i for i, gpu in enumerate(seq[k])}
-            groups.append([seq[k + 1][match[pos[gpu]]] for gpu in groups[k]])
+            _, match = self.matching(seq[k], seq[k + 1])
+            partner = dict(zip(seq[k], (seq[k + 1][j] for j in match), strict=True))
+            groups.append([partner[gpu] for gpu in groups[k]])
         stage = tuple(float(c[order[k], k]) for k in range(len(seq)))
         bound = tuple(float(b[order[k], order[k + 1]]) for k in range(len(seq) - 1))
         return groups, stage, bound
 
 
-def _canonical(labels: np.ndarray) -> bytes:
-    """Partition key independent of group labels (relabel by first appearance)."""
-    _, first = np.unique(labels, return_index=True)
-    relabel = np.empty(first.size, dtype=np.int32)
-    relabel[np.argsort(first)] = np.arange(first.size, dtype=np.int32)
-    return relabel[labels].tobytes()
+def _spanning_tree(w: list[list[float]]) -> float:
+    """Weight of a minimum spanning tree of the complete graph ``w`` (Prim, O(p^2))."""
+    p = len(w)
+    dist = list(w[0])
+    done = [False] * p
+    done[0] = True
+    total = 0.0
+    for _ in range(p - 1):
+        j = min((d, k) for k, d in enumerate(dist) if not done[k])[1]
+        total += dist[j]
+        done[j] = True
+        row = w[j]
+        dist = [min(a, b) for a, b in zip(dist, row, strict=True)]
+    return total
 
 
 def _bottleneck_matching(cost: np.ndarray) -> tuple[float, np.ndarray]:
@@ -592,49 +727,62 @@ def _bottleneck_matching(cost: np.ndarray) -> tuple[float, np.ndarray]:
 
 
 def _subset_layers(p: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per path length s: (masks of s nodes, mask before appending each node j, 0/inf
-    penalty where j is not in the mask), the constant part of Held-Karp for ``p`` nodes."""
+    """The constant part of Held-Karp for ``p`` nodes, per path length s: (flat table index
+    of every (mask of s nodes, end j), flat index ``prev * p + i`` of the entry (mask
+    without j, ending at i) laid out (i, mask, j), 0/inf penalty where j is not in the
+    mask)."""
     allm = np.arange(1 << p)
     bits = 1 << np.arange(p)
     count = np.zeros(allm.size, dtype=np.intp)
     for k in range(p):
         count += (allm >> k) & 1
+    nodes = np.arange(p)
     layers = []
     for size in range(p + 1):
         ms = allm[count == size]
         inside = (ms[:, None] & bits[None, :]) != 0
-        layers.append((ms, ms[:, None] ^ bits[None, :], np.where(inside, 0.0, np.inf)))
+        prev = ms[:, None] ^ bits[None, :]
+        src = prev[None, :, :] * p + nodes[:, None, None]
+        dst = ms[:, None] * p + nodes[None, :]
+        layers.append((dst, src, np.where(inside, 0.0, np.inf)))
     return layers
 
 
 def _held_karp(w: np.ndarray, allowed: np.ndarray,
                layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-               ) -> tuple[float, list[int] | None]:
-    """Cheapest open path visiting every node once with node ``j`` allowed at position ``k``
-    only where ``allowed[j, k]``; Held-Karp DP over subsets (one numpy pass per path length),
-    the path recovered by walking the table backwards."""
-    p = w.shape[0]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Cheapest open paths visiting every node once, for a batch of position constraints:
+    node ``j`` may sit at position ``k`` only where ``allowed[t, j, k]``. Held-Karp DP over
+    subsets (``table[mask, j]`` = cheapest path through ``mask`` ending at ``j``), one numpy
+    pass per path length for the whole batch. Returns (cost per batch entry, inf where
+    infeasible; the tables, shape (2^p, p, batch), for :func:`_hk_path`)."""
+    nt, p = allowed.shape[0], w.shape[0]
     full = 1 << p
-    table = np.full((full, p), np.inf)
-    ban = np.where(allowed, 0.0, np.inf)
-    first = np.flatnonzero(allowed[:, 0])
-    table[1 << first, first] = 0.0
-    wt = w.T[None, :, :]  # [_, j, i] = w[i, j]
+    table = np.full((full * p, nt), np.inf)
+    ban = np.where(allowed, 0.0, np.inf).transpose(2, 1, 0)  # (position, node j, batch)
+    nodes = np.arange(p)
+    table[(1 << nodes) * p + nodes] = ban[0]
+    wt = w[:, None, :, None]  # [i, _, j, _] = w[i, j]
     for size in range(2, p + 1):
-        ms, prev, outside = layers[size]
-        table[ms] = (table[prev] + wt).min(axis=2) + outside + ban[:, size - 1]
-    last = table[full - 1]
-    j = int(np.argmin(last))
-    total = float(last[j])
-    if not math.isfinite(total):
-        return math.inf, None
-    path, mask = [j], full - 1
+        dst, src, outside = layers[size]
+        step = (table[src] + wt).min(axis=0)  # (masks, j, batch)
+        table[dst] = step + outside[:, :, None] + ban[size - 1][None, :, :]
+    tables = table.reshape(full, p, nt)
+    return tables[full - 1].min(axis=0), tables
+
+
+def _hk_path(w: np.ndarray, table: np.ndarray) -> list[int]:
+    """Walk one Held-Karp table (2^p, p) back from its best end to recover the path."""
+    p = w.shape[0]
+    mask = (1 << p) - 1
+    j = int(np.argmin(table[mask]))
+    path = [j]
     while len(path) < p:
         here = table[mask, j]
         mask ^= 1 << j
         j = int(np.argmin(np.abs(table[mask] + w[:, j] - here)))
         path.append(j)
-    return total, path[::-1]
+    return path[::-1]
 
 
 def _order_cost(order: Sequence[int], w: np.ndarray, c: np.ndarray) -> tuple[float, float]:
@@ -646,63 +794,89 @@ def _order_cost(order: Sequence[int], w: np.ndarray, c: np.ndarray) -> tuple[flo
 
 def _exact_order(w: np.ndarray, c: np.ndarray,
                  layers: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
-                 ) -> tuple[list[int], float, float]:
-    """Exact min over orders of ``max_k c[g_k, k] + path(w)``: the unconstrained Held-Karp
-    path, then for each DP threshold T below its DP cost (ascending, stopping once
-    ``T + path_0`` cannot win) the cheapest path with every group's DP cost <= T."""
+                 cutoff: float = math.inf) -> tuple[list[int], float, float] | None:
+    """Exact min over orders of ``max_k c[g_k, k] + path(w)``: (order, dp, pp), or None when
+    the optimum exceeds ``cutoff`` (then it is not computed to the end).
+
+    The optimum is ``min_T T + P(T)`` over the distinct values ``T`` of ``c``, where
+    ``P(T)`` is the cheapest path with every group's DP cost at its position <= T (the
+    optimal order is feasible at its own DP cost; any path feasible at T costs at most
+    ``T + P(T)``). First the unconstrained path (cost ``P0``, DP cost ``d0``); then, for
+    ascending thresholds ``T < d0`` while ``T + P0`` can still beat the best so far (and the
+    cutoff) and groups can be assigned to positions within ``T`` (checked by an assignment),
+    the constrained Held-Karp path.
+    """
     p = w.shape[0]
-    everywhere = np.ones((p, p), dtype=bool)
-    path0_cost, order = _held_karp(w, everywhere, layers)
-    assert order is not None
+    costs, tables = _held_karp(w, np.ones((1, p, p), dtype=bool), layers)
+    p0 = float(costs[0])
+    low = max(c.min(axis=0).max(), c.min(axis=1).max())  # below: some slot has no group
+    if low + p0 > cutoff:
+        return None
+    order = _hk_path(w, tables[:, :, 0])
     best_dp, best_pp = _order_cost(order, w, c)
-    best = (best_dp + best_pp, order, best_dp, best_pp)
-    for t in np.unique(c):
-        if t >= best_dp or t + path0_cost >= best[0] * (1 - 1e-12):
+    best = best_dp + best_pp
+    for t in np.unique(c[(c >= low) & (c < best_dp)]):
+        if t + p0 >= best * (1 - 1e-12) or t + p0 > cutoff:
             break
         allowed = c <= t
-        # Cheap infeasibility check: every position and group needs an allowed slot.
-        if not (allowed.any(axis=0).all() and allowed.any(axis=1).all()):
+        over = (~allowed).astype(float)
+        r, col = linear_sum_assignment(over)
+        if over[r, col].sum() > 0:  # no assignment of groups to positions within t
             continue
-        _, path = _held_karp(w, allowed, layers)
-        if path is None:
-            continue
-        d, q = _order_cost(path, w, c)
-        if d + q < best[0]:
-            best = (d + q, path, d, q)
-    return list(best[1]), best[2], best[3]
+        costs, tables = _held_karp(w, allowed[None], layers)
+        if t + costs[0] < best * (1 - 1e-12):
+            path = _hk_path(w, tables[:, :, 0])
+            d, q = _order_cost(path, w, c)
+            if d + q < best:
+                order, best_dp, best_pp, best = path, d, q, d + q
+    if best > cutoff:
+        return None
+    return order, best_dp, best_pp
+
+
+def _two_opt_path(order: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """2-opt on an open path (segment reversals) until no move shortens ``sum w``; all moves
+    of a round are priced at once with numpy (a zero-cost dummy node pins both ends)."""
+    p = order.size
+    ext = np.zeros((p + 1, p + 1))
+    ext[:p, :p] = w
+    o = order.copy()
+    upper = np.triu(np.ones((p, p), dtype=bool), 1)
+    for _ in range(p * p):
+        full = np.concatenate([[p], o, [p]])
+        a, b, d = full[:-2], full[1:-1], full[2:]
+        # reverse b[i..j]: edges (a_i, b_i) and (b_j, d_j) become (a_i, b_j) and (b_i, d_j)
+        delta = (ext[a[:, None], b[None, :]] + ext[b[:, None], d[None, :]]
+                 - ext[a, b][:, None] - ext[b, d][None, :])
+        delta = np.where(upper, delta, 0.0)
+        i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[i, j] >= -1e-12 * max(1.0, float(np.abs(w).max())):
+            break
+        o[i:j + 1] = o[i:j + 1][::-1].copy()
+    return o
 
 
 def _heuristic_order(w: np.ndarray, c: np.ndarray) -> tuple[list[int], float, float]:
-    """Nearest-neighbour paths from every start, improved by 2-opt segment reversals on the
-    true (position-dependent) objective; for pp above ORDER_EXACT_MAX."""
+    """Order for pp above ORDER_EXACT_MAX: nearest-neighbour paths from every start (built
+    together with numpy), the three shortest improved by 2-opt, every candidate tried in
+    both directions on the true (position-dependent) objective."""
     p = w.shape[0]
-
-    def total(o: list[int]) -> float:
-        d, q = _order_cost(o, w, c)
-        return d + q
-
-    best: tuple[float, list[int]] | None = None
-    for start in range(p):
-        o, free = [start], set(range(p)) - {start}
-        while free:
-            nxt = min(free, key=lambda j: (w[o[-1], j], j))
-            o.append(nxt)
-            free.remove(nxt)
-        cur = total(o)
-        improved = True
-        while improved:
-            improved = False
-            for i in range(p - 1):
-                for j in range(i + 1, p):
-                    cand = o[:i] + o[i:j + 1][::-1] + o[j + 1:]
-                    val = total(cand)
-                    if val < cur * (1 - 1e-12):
-                        o, cur, improved = cand, val, True
-        if best is None or cur < best[0]:
-            best = (cur, o)
-    assert best is not None
-    d, q = _order_cost(best[1], w, c)
-    return best[1], d, q
+    rows = np.arange(p)
+    paths = np.zeros((p, p), dtype=np.intp)
+    paths[:, 0] = rows
+    visited = np.eye(p, dtype=bool)
+    for k in range(1, p):
+        nxt = np.where(visited, np.inf, w[paths[:, k - 1]]).argmin(axis=1)
+        paths[:, k] = nxt
+        visited[rows, nxt] = True
+    sums = w[paths[:, :-1], paths[:, 1:]].sum(axis=1)
+    improved = [_two_opt_path(paths[i], w) for i in np.argsort(sums, kind="stable")[:3]]
+    cands = np.concatenate([paths, np.array(improved)])
+    cands = np.concatenate([cands, cands[:, ::-1]])
+    totals = c[cands, rows].max(axis=1) + w[cands[:, :-1], cands[:, 1:]].sum(axis=1)
+    best = cands[int(np.argmin(totals))].tolist()
+    d, q = _order_cost(best, w, c)
+    return best, d, q
 
 
 # ---- fixed placements ------------------------------------------------------------------------
@@ -713,7 +887,7 @@ def _fixed_result(ev: _Evaluator, groups: list[list[int]], seed: int | None = No
     """Cost of ``groups`` exactly as given (order and replica matching fixed; each group's
     ring order is still chosen by the cost model)."""
     prob = ev.p
-    stage = tuple(float(ev.group_costs(tuple(sorted(g)))[k]) for k, g in enumerate(groups))
+    stage = tuple(float(ev.group_costs(g)[k]) for k, g in enumerate(groups))
     bound = tuple(
         float(ev.msg[groups[k], groups[k + 1]].max()) if ev.has_pp else 0.0
         for k in range(prob.pp - 1)
@@ -729,7 +903,7 @@ def placement_cost(network: Network, groups: Sequence[Sequence[int]],
                    num_microbatches: int = 1, *, num_gpus: int | None = None,
                    dp_algorithm: DpAlgorithm = "ring") -> PlacementResult:
     """Communication cost (seconds per step) of a given placement: ``groups[k][i]`` = the GPU
-    of stage ``k`` of replica ``i`` (DT-FM sec 3.2). ``groups`` must use every GPU of
+    of stage ``k`` of replica ``i`` (DT-FM sec 3). ``groups`` must use every GPU of
     ``0..pp*dp-1`` exactly once."""
     rows = [list(map(int, g)) for g in groups]
     if not rows or any(len(r) != len(rows[0]) for r in rows):
@@ -748,9 +922,9 @@ def rank_order_placement(network: Network, pp: int, dp: int,
                          dp_bytes: float | Sequence[float], pp_bytes: float,
                          num_microbatches: int = 1, *, num_gpus: int | None = None,
                          dp_algorithm: DpAlgorithm = "ring") -> PlacementResult:
-    """Megatron's naive placement: stage ``k`` runs on GPUs ``[k*dp, (k+1)*dp)`` in index
-    order, replica ``i`` on the ``i``-th GPU of each stage (the baseline DT-FM sec 5 compares
-    against)."""
+    """The naive placement: stage ``k`` runs on GPUs ``[k*dp, (k+1)*dp)`` in index order,
+    replica ``i`` on the ``i``-th GPU of each stage (Megatron's rank order with tp=1, the
+    baseline of DT-FM's evaluation), pipeline order and matchings not optimised."""
     prob = _problem(network, pp, dp, dp_bytes, pp_bytes, num_microbatches, num_gpus,
                     dp_algorithm)
     groups = [list(range(k * dp, (k + 1) * dp)) for k in range(pp)]
@@ -770,7 +944,8 @@ def random_placement(network: Network, pp: int, dp: int, dp_bytes: float | Seque
     return _fixed_result(_Evaluator(prob), perm.tolist(), seed_int)
 
 
-def _set_partitions(items: tuple[int, ...], size: int):
+def _set_partitions(items: tuple[int, ...], size: int,
+                    ) -> Iterator[list[tuple[int, ...]]]:
     """All partitions of ``items`` into unordered blocks of ``size`` (the smallest item
     anchors each block, so each partition appears once)."""
     if not items:
@@ -830,7 +1005,7 @@ def exhaustive_placement(network: Network, pp: int, dp: int,
     b = np.zeros((pp, pp))
     for i in range(pp):
         for j in range(i + 1, pp):
-            b[i, j] = b[j, i] = ev.boundary(part[i], part[j])[0]
+            b[i, j] = b[j, i] = ev.matching(part[i], part[j])[0]
     groups, stage, bound = ev.ordered(part, order.tolist(), c, b)
     res = _fixed_result(ev, groups)
     return PlacementResult(res.groups, res.cost_s, res.dp_cost_s, res.pp_cost_s,
@@ -838,7 +1013,7 @@ def exhaustive_placement(network: Network, pp: int, dp: int,
                            search_time_s=time.perf_counter() - start)
 
 
-# ---- the hybrid genetic algorithm (DT-FM sec 4) ----------------------------------------------
+# ---- the hybrid genetic algorithm (DT-FM sec 3) ----------------------------------------------
 
 
 class _Search:
@@ -848,9 +1023,10 @@ class _Search:
         self.ev, self.rng = ev, rng
         prob = ev.p
         self.n, self.pp, self.dp = prob.pp * prob.dp, prob.pp, prob.dp
-        # Pairwise surrogate weights (seconds): the ring step if the two GPUs were ring
-        # neighbours (DP wants tight groups) and the pipeline cost if they were matched across
-        # a boundary (PP wants such pairs split across consecutive groups).
+        # Pairwise surrogate weights, each normalised by its mean: t_dp is the ring time if the
+        # two GPUs' link were a stage's bottleneck (DP wants such pairs in one group), t_pp
+        # the pipeline time if they were matched across every boundary (PP wants slow pairs
+        # kept apart, i.e. inside one group, and fast pairs in consecutive groups).
         n_dp = max(prob.dp, 2)
         s_ref = float(prob.dp_bytes.mean())
         t_dp = 2 * (n_dp - 1) * (ev.lat + s_ref / (n_dp * ev.bw))
@@ -861,6 +1037,7 @@ class _Search:
         self.t_pp = t_pp / mean_pp if mean_pp > 0 else t_pp
         np.fill_diagonal(self.t_dp, 0.0)
         np.fill_diagonal(self.t_pp, 0.0)
+        self.iu, self.iv = np.triu_indices(self.n, 1)
 
     def random_labels(self) -> np.ndarray:
         labels = np.empty(self.n, dtype=np.intp)
@@ -868,79 +1045,125 @@ class _Search:
         return labels
 
     def crossover(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Group-preserving crossover: a random half of ``a``'s groups, then every group of
-        ``b`` disjoint from them, then the leftover GPUs shuffled into the remaining groups."""
-        pp = self.pp
-        ga = np.argsort(a, kind="stable").reshape(pp, self.dp)
-        gb = np.argsort(b, kind="stable").reshape(pp, self.dp)
+        """Group-preserving crossover: each group of ``a`` is inherited with probability
+        ``f ~ U(0, 1)`` (drawn per child), then each group of ``b`` disjoint from those with
+        the same probability; the leftover GPUs form the remaining groups, shuffled at random
+        or (half of the time) dealt out by class like cards, which gives groups of equal
+        class composition: consecutive stages whose GPUs pair up inside a region."""
+        pp, dp = self.pp, self.dp
+        ga = np.argsort(a, kind="stable").reshape(pp, dp)
+        gb = np.argsort(b, kind="stable").reshape(pp, dp)
         used = np.zeros(self.n, dtype=bool)
         chosen = []
-        for k in np.flatnonzero(self.rng.random(pp) < 0.5):
+        f = self.rng.random()
+        for k in np.flatnonzero(self.rng.random(pp) < f):
             chosen.append(ga[k])
             used[ga[k]] = True
         for k in self.rng.permutation(pp):
-            if not used[gb[k]].any():
+            if not used[gb[k]].any() and self.rng.random() < f:
                 chosen.append(gb[k])
                 used[gb[k]] = True
         rest = np.flatnonzero(~used)
         self.rng.shuffle(rest)
-        chosen.extend(rest.reshape(-1, self.dp))
+        left = rest.size // dp
+        if self.rng.random() < 0.5:  # deal by class: group j gets rest[j], rest[j+left], ...
+            rest = rest[np.argsort(self.ev.cls[rest], kind="stable")]
+            chosen.extend(rest.reshape(dp, left).T)
+        else:
+            chosen.extend(rest.reshape(left, dp))
         child = np.empty(self.n, dtype=np.intp)
         for k, g in enumerate(chosen):
             child[g] = k
         return child
 
     def mutate(self, labels: np.ndarray) -> np.ndarray:
-        """Swap ``1 + Geometric`` random pairs of GPUs in different groups."""
+        """Swap ``Geometric(1/2)`` (1 or more) random pairs of GPUs in different groups and of
+        different classes (swapping interchangeable GPUs would change nothing)."""
         out = labels.copy()
+        cls = self.ev.cls
         for _ in range(int(self.rng.geometric(0.5))):
             u = int(self.rng.integers(self.n))
-            others = np.flatnonzero(out != out[u])
+            others = np.flatnonzero((out != out[u]) & (cls != cls[u]))
+            if others.size == 0:
+                others = np.flatnonzero(out != out[u])
             v = int(others[self.rng.integers(others.size)])
             out[u], out[v] = out[v], out[u]
         return out
 
     def swap_gains(self, labels: np.ndarray, dp_share: float) -> np.ndarray:
         """Kernighan-Lin gain of swapping each pair (u, v) under the surrogate objective
-        ``sum over same-group pairs of (dp_share*t_dp - (1-dp_share)*t_pp)``: vectorised,
-        ``gain[u, v] = S[u,A] + S[v,B] - S[u,B] - S[v,A] + 2 w(u,v)``; -inf for pairs already
-        in one group."""
+        ``sum over same-group pairs of (dp_share*t_dp - (1-dp_share)*t_pp)``, vectorised:
+        ``gain[u, v] = S[u,A] + S[v,B] - S[u,B] - S[v,A] + 2 w(u,v)`` with ``S[x, G]`` the
+        weight from ``x`` to group ``G``."""
         w = dp_share * self.t_dp - (1.0 - dp_share) * self.t_pp
         onehot = np.zeros((self.n, self.pp))
         onehot[np.arange(self.n), labels] = 1.0
         s = w @ onehot
         own = s[np.arange(self.n), labels]
         cross = s[:, labels]  # [u, v] = S[u, group of v]
-        gain = own[:, None] + own[None, :] - cross - cross.T + 2.0 * w
-        gain[labels[:, None] == labels[None, :]] = -np.inf
-        return gain
+        return own[:, None] + own[None, :] - cross - cross.T + 2.0 * w
+
+    def candidates(self, labels: np.ndarray, dp_share: float) -> tuple[np.ndarray, np.ndarray]:
+        """Swaps (u, v) that change the partition, best surrogate gain first (random
+        tie-breaks), one per distinct outcome (group and class of both ends)."""
+        u, v = self.iu, self.iv
+        cls, nc = self.ev.cls, int(self.ev.cls.max()) + 1
+        keep = np.flatnonzero((labels[u] != labels[v]) & (cls[u] != cls[v]))
+        if keep.size == 0:
+            return keep, keep
+        gain = self.swap_gains(labels, dp_share)[u[keep], v[keep]]
+        noise = self.rng.random(keep.size) * 1e-9 * (float(np.abs(gain).max()) + 1.0)
+        keep = keep[np.argsort(-(gain + noise), kind="stable")]
+        a = labels[u[keep]] * nc + cls[u[keep]]
+        b = labels[v[keep]] * nc + cls[v[keep]]
+        code = np.minimum(a, b) * (self.pp * nc) + np.maximum(a, b)
+        _, first = np.unique(code, return_index=True)
+        keep = keep[np.sort(first)]
+        return u[keep], v[keep]
 
     def local_search(self, labels: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
-        """First-improvement swaps, tried in surrogate-gain order (random tie-breaks) and
-        accepted on the exact cost; at most ``budget`` swaps are costed."""
-        total, dp_c, _ = self.ev.cost(labels)
+        """Kernighan-Lin-style swaps (DT-FM sec 3's local search): candidates from
+        :meth:`candidates`, screened by :meth:`_Evaluator.lower_bound` and costed exactly;
+        the first improving swap is taken and the gains recomputed. At a local optimum one
+        sideways swap (equal cost, to a partition not seen in this search) may be taken,
+        since improvements on these bottleneck objectives often need two swaps (KL's
+        tentative moves). At most ``budget`` swaps are costed exactly, ``8 * budget``
+        screened."""
+        total, dp_c, _ = self.ev.total(labels)
         if self.pp == 1 or budget <= 0:
             return labels, total
-        tried = 0
-        while tried < budget:
+        exact, screened, sideways = 0, 0, 1
+        seen = {self.ev.key(labels)}
+        while exact < budget and screened < 8 * budget:
             share = dp_c / total if total > 0 else 0.5
-            gain = self.swap_gains(labels, share)
-            gain = np.triu(gain, 1) + np.tril(np.full_like(gain, -np.inf))
-            flat = gain.ravel()
-            ok = np.flatnonzero(np.isfinite(flat))
-            noise = self.rng.random(ok.size) * 1e-9 * (np.abs(flat[ok]).max() + 1.0)
-            take = ok[np.argsort(-(flat[ok] + noise), kind="stable")][: budget - tried]
-            improved = False
-            for idx in take:
-                u, v = divmod(int(idx), self.n)
+            moved = False
+            plateau: tuple[np.ndarray, float, float] | None = None
+            for u, v in zip(*self.candidates(labels, share), strict=True):
+                if exact >= budget or screened >= 8 * budget:
+                    break
                 cand = labels.copy()
                 cand[u], cand[v] = labels[v], labels[u]
-                tried += 1
-                c_total, c_dp, _ = self.ev.cost(cand)
+                screened += 1
+                if self.ev.lower_bound(cand) > total * (1 + 1e-12):
+                    continue
+                exact += 1
+                found = self.ev.cost(cand, total * (1 + 1e-12))
+                if found is None:
+                    continue
+                c_total, c_dp, _ = found
                 if c_total < total * (1 - 1e-12):
-                    labels, total, dp_c, improved = cand, c_total, c_dp, True
+                    labels, total, dp_c, moved = cand, c_total, c_dp, True
+                    seen.add(self.ev.key(labels))
                     break
-            if not improved:
+                if (plateau is None and sideways and c_total <= total * (1 + 1e-12)
+                        and self.ev.key(cand) not in seen):
+                    plateau = (cand, c_total, c_dp)
+            if not moved and plateau is not None:
+                labels, total, dp_c = plateau
+                seen.add(self.ev.key(labels))
+                sideways -= 1
+                moved = True
+            if not moved:
                 break
         return labels, total
 
@@ -949,24 +1172,29 @@ def evolutionary_placement(network: Network, pp: int, dp: int,
                            dp_bytes: float | Sequence[float], pp_bytes: float,
                            num_microbatches: int = 1, *,
                            seed: int | np.random.Generator | None = 0,
-                           population_size: int = 24, generations: int = 30,
+                           population_size: int = 16, generations: int = 20,
                            crossover_rate: float = 0.9, mutation_rate: float = 0.5,
-                           local_search_evals: int = 12, elite: int = 2,
-                           patience: int | None = None, num_gpus: int | None = None,
+                           immigrant_rate: float = 0.2,
+                           local_search_evals: int = 10, patience: int | None = None,
+                           num_gpus: int | None = None,
                            dp_algorithm: DpAlgorithm = "ring") -> PlacementResult:
     """Place ``pp x dp`` tasklets on GPUs ``0..pp*dp-1`` of ``network`` with DT-FM's hybrid
-    genetic algorithm (Yuan et al. 2022 sec 4; a memetic algorithm in the style of GCMA,
-    Kim & Moon's genetic cyclic-partitioning algorithm for balanced graph partitioning).
+    genetic algorithm (Yuan et al. 2022 sec 3: a memetic algorithm for balanced graph
+    partitioning, GCMA in the reference scheduler).
 
     Each individual is a balanced partition of the GPUs into ``pp`` groups; its fitness is the
     exact cost of its best pipeline order and replica matchings (module docstring, DT-FM
-    sec 3.2). A generation breeds ``population_size`` children: binary-tournament parents,
+    sec 3). A generation breeds ``population_size`` children: binary-tournament parents,
     group-preserving crossover (probability ``crossover_rate``, else a copy of one parent),
     swap mutation (probability ``mutation_rate``) and a local search of up to
-    ``local_search_evals`` improving swaps; parents and children then compete (the best
-    ``population_size`` distinct partitions survive, so the best cost never rises, and the
-    ``elite`` best parents are always kept). Stops after ``generations`` or ``patience``
-    generations without improvement.
+    ``local_search_evals`` swaps; a fraction ``immigrant_rate`` of the children are random
+    partitions instead (locally searched too), which keeps the search from settling in one
+    basin of these multi-modal landscapes. Parents and children then compete (the best
+    ``population_size`` distinct partitions survive, so the best cost never rises; random
+    immigrants refill a population short of distinct partitions). Stops after
+    ``generations``, or after ``patience`` generations without improvement. Unlike DT-FM
+    (random initial population) the rank-order partition is one of the initial individuals,
+    so the result never costs more than :func:`rank_order_placement`.
 
     Args:
         network: a ClusterSpec (its ``topology`` gives the pair costs) or PairMatrices.
@@ -985,11 +1213,8 @@ def evolutionary_placement(network: Network, pp: int, dp: int,
     pop_size = _int_at_least("population_size", population_size, 2)
     gens = _int_at_least("generations", generations, 0)
     ls_evals = _int_at_least("local_search_evals", local_search_evals, 0)
-    elite = _int_at_least("elite", elite, 0)
-    if elite >= pop_size:
-        raise SpecError(f"elite={elite} must be smaller than population_size={pop_size}",
-                        field="elite", value=elite, allowed=f"0..{pop_size - 1}")
-    for name, rate in (("crossover_rate", crossover_rate), ("mutation_rate", mutation_rate)):
+    for name, rate in (("crossover_rate", crossover_rate), ("mutation_rate", mutation_rate),
+                       ("immigrant_rate", immigrant_rate)):
         if not 0.0 <= float(rate) <= 1.0:
             raise SpecError(f"{name}={rate!r} must be in [0, 1]", field=name, value=rate,
                             allowed="0..1")
@@ -1002,23 +1227,35 @@ def evolutionary_placement(network: Network, pp: int, dp: int,
 
     def individual(labels: np.ndarray) -> tuple[float, bytes, np.ndarray]:
         labels, total = ops.local_search(labels, ls_evals)
-        return total, _canonical(labels), labels
+        return total, ev.key(labels), labels
 
     def survivors(cands: list[tuple[float, bytes, np.ndarray]],
                   ) -> list[tuple[float, bytes, np.ndarray]]:
+        """The best ``pop_size`` distinct partitions; random immigrants (not locally
+        searched) fill the population when too few distinct ones remain."""
         seen: dict[bytes, tuple[float, bytes, np.ndarray]] = {}
         for ind in cands:
             seen.setdefault(ind[1], ind)
+        for _ in range(2 * pop_size):
+            if len(seen) >= pop_size:
+                break
+            labels = ops.random_labels()
+            seen.setdefault(ev.key(labels), (ev.total(labels)[0], ev.key(labels), labels))
         return sorted(seen.values(), key=lambda ind: (ind[0], ind[1]))[:pop_size]
 
-    pop = survivors([individual(ops.random_labels()) for _ in range(pop_size)])
-    while len(pop) < pop_size:
-        pop = survivors(pop + [individual(ops.random_labels())])
+    # Megatron's rank order joins the random initial population, so the search never
+    # returns a partition worse than the naive baseline's.
+    rank_order = np.repeat(np.arange(prob.pp), prob.dp)
+    pop = survivors([individual(rank_order)]
+                    + [individual(ops.random_labels()) for _ in range(pop_size - 1)])
     history = [(pop[0][0], float(np.mean([ind[0] for ind in pop])))]
     gens_run, stale = 0, 0
     for _ in range(gens):
         children = []
         for _ in range(pop_size):
+            if rng.random() < immigrant_rate:  # random immigrant: a fresh basin
+                children.append(individual(ops.random_labels()))
+                continue
             i, j = rng.integers(len(pop), size=2)
             p1 = pop[min(i, j)]  # binary tournament: pop is sorted best first
             if ops.pp > 1 and rng.random() < crossover_rate:
@@ -1030,7 +1267,7 @@ def evolutionary_placement(network: Network, pp: int, dp: int,
                 child = ops.mutate(child)
             children.append(individual(child))
         prev_best = pop[0][0]
-        pop = survivors(pop[:elite] + children + pop[elite:])
+        pop = survivors(pop + children)
         gens_run += 1
         history.append((pop[0][0], float(np.mean([ind[0] for ind in pop]))))
         stale = 0 if pop[0][0] < prev_best * (1 - 1e-12) else stale + 1
