@@ -129,7 +129,7 @@ def test_pipeline_plans_run_on_a_reordered_cluster_with_one_type_per_stage(gpt27
     for cand in pipes:
         plan, cluster, rep = cand.plan, cand.cluster, cand.report
         assert plan.layers_per_stage is not None and sum(plan.layers_per_stage) == 32
-        assert cluster.num_gpus == plan.dp * plan.tp * plan.pp
+        assert cluster.num_gpus == plan.dp * plan.tp * plan.pp * plan.cp
         assert cluster.num_gpus + sum(cand.idle_gpus.values()) == mixed.num_gpus
         assert rep.extra["stage_gpu_types"] == [[g] for g in cand.stage_gpu_types]
         runs = [g for g, _ in itertools.groupby(cand.stage_gpu_types)]

@@ -1,7 +1,9 @@
 """Searchers over parallel plans: vectorized exhaustive, dynamic programming, ILP, evolutionary.
 
 ``search(model, cluster, training, searcher="auto")`` is the entry point (``paraplan best``):
-``auto`` runs the exhaustive search on a cluster with one GPU type and the ILP on a mixed one.
+``auto`` runs the exhaustive search on a cluster with one GPU type and uniform links, the ILP
+on one that mixes GPU types, and the evolutionary (DT-FM placement) search on one GPU type
+spread over regions or uneven links.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                         allowed=list(SEARCHERS))
     pins = parse_fix(fix)
     if searcher == "auto":
-        searcher = "exhaustive" if cluster.is_homogeneous else "ilp"
+        # One GPU type on uniform links: rank everything. Several GPU types: the ILP models
+        # per-type compute and memory. One type on uneven links (regions, WAN): placement.
+        if cluster.is_homogeneous:
+            searcher = "exhaustive"
+        elif len(cluster.gpu_types) > 1:
+            searcher = "ilp"
+        else:
+            searcher = "evolutionary"
     if searcher == "exhaustive":
         if not cluster.is_homogeneous:
             raise SpecError("the exhaustive searcher needs one GPU type; this cluster mixes "

@@ -84,6 +84,8 @@ from paraplan.specs.plan import ALIASES, ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
 FORMULATIONS: tuple[str, ...] = ("pipeline", "data")
+CP_DEGREES = (1, 2, 4, 8)
+"""Context-parallel degrees enumerated (pin another with ``fix``)."""
 MAX_MICRO_BATCH = 16
 """Largest micro-batch size enumerated (pin a larger one with ``fix``)."""
 MS = 1e3
@@ -464,9 +466,13 @@ def _enumerate(ctx: _Ctx, fix: dict[str, Any]) -> list[_Choice]:
     n_total = ctx.cluster.num_gpus
     gpn_all = [t.gpn_gcd for t in ctx.types.values()]
     tps = [t for t in _pick(fix, "tp", divisors(max(gpn_all))) if _tp_ok(model, t)]
-    cps = [c for c in _pick(fix, "cp", [1]) if c == 1 or training.seq_len % (2 * c) == 0]
-    extra = tuple((k, fix[k]) for k in ("ep", "etp") if fix.get(k) is not None)
     mixed = len(ctx.types) > 1
+    # Context parallelism is enumerated on one GPU type (the homogeneous cross-check); on a
+    # mixed cluster only when pinned (the per-type verification clusters can be smaller than
+    # a CP ring).
+    cps = [c for c in _pick(fix, "cp", (1,) if mixed else CP_DEGREES)
+           if c == 1 or (training.seq_len % (2 * c) == 0 and c * max(gpn_all) <= n_total)]
+    extra = tuple((k, fix[k]) for k in ("ep", "etp") if fix.get(k) is not None)
     out: list[_Choice] = []
     for tp in tps:
         sps = _pick(fix, "sequence_parallel", [tp > 1])
@@ -1555,12 +1561,22 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
             if stage_types is not None and layers is not None:
                 sol = _pipeline_solution(ctx, inp, stage_types, layers, rec)
                 if not check_plan(model, sol.cluster, training, sol.plan):
-                    rep = simulate(model, sol.cluster, training, sol.plan)
-                    if rep.feasible:
-                        rep.extra.update(formulation="pipeline", idle_gpus=sol.idle_gpus,
-                                         ilp_stage_times_s=sol.stage_times_s)
+                    # The ILP prices 1F1B; the same split under ZB-H1 (same in-flight memory,
+                    # the weight-gradient pass fills the cool-down bubble) is re-timed by
+                    # simulate and kept when it is faster.
+                    best_rep, best_plan = None, sol.plan
+                    for plan in (sol.plan, sol.plan.model_copy(update={"schedule": "zb-h1"})):
+                        if plan.schedule != "1f1b" and plan.pp == 1:
+                            continue
+                        rep = simulate(model, sol.cluster, training, plan)
+                        if rep.feasible and (best_rep is None
+                                             or rep.step_time_s < best_rep.step_time_s):
+                            best_rep, best_plan = rep, plan
+                    if best_rep is not None:
+                        best_rep.extra.update(formulation="pipeline", idle_gpus=sol.idle_gpus,
+                                              ilp_stage_times_s=sol.stage_times_s)
                         cands.append(IlpCandidate(
-                            "pipeline", rep, sol.plan, sol.cluster, sol.stage_gpu_types,
+                            "pipeline", best_rep, best_plan, sol.cluster, sol.stage_gpu_types,
                             sol.stage_times_s, sol.objective_s, sol.idle_gpus, rec))
         else:
             cand, drec = _solve_data(ctx, ch, fixed, data, left)
@@ -1594,3 +1610,35 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
         baseline_step_time_s=base_step, baseline_plan=base_plan, candidates=cands,
         solves=solves, choices=total, pruned=pruned, complete=complete,
         search_time_s=time.perf_counter() - start)
+
+
+def ilp_search_result(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
+                      fix: dict[str, Any] | None = None, top: int = 10,
+                      time_limit_s: float = 20.0,
+                      progress: Callable[[int, int], None] | None = None) -> Any:
+    """:func:`ilp_search` as the common :class:`~paraplan.search.exhaustive.SearchResult`
+    (``paraplan best --searcher ilp``). ``baseline_step_time_s`` is the best plan that treats
+    every GPU as the slowest type in rank order; the ILP's formulation, solver status,
+    optimality gap and solve counts go to ``extra``."""
+    from paraplan.search.exhaustive import SearchResult
+
+    res = ilp_search(model, cluster, training, fix=fix, time_limit_s=time_limit_s, top=top,
+                     progress=progress)
+    notes = [f"ILP ({res.formulation} formulation, CBC): {res.plans_evaluated} solves over "
+             f"{res.choices} layouts, {res.pruned} pruned by a lower bound; best solve "
+             f"{res.solver_status}, optimality gap {res.gap:.2%}"]
+    if not res.complete:
+        notes.append(f"time limit {time_limit_s:g} s reached before every layout was solved "
+                     "or pruned: the best plan so far is shown")
+    for cand, rep in zip(res.candidates, res.reports, strict=True):
+        rep.extra.setdefault("stage_gpu_types_ilp", cand.stage_gpu_types)
+        rep.extra.setdefault("cluster_used", cand.cluster.name)
+    return SearchResult(
+        searcher="ilp", plans_evaluated=res.choices, search_time_s=res.search_time_s,
+        reports=list(res.reports), baseline_step_time_s=res.baseline_step_time_s,
+        considered=res.choices, rejected={"pruned by a lower bound (never solved)": res.pruned},
+        notes=notes,
+        extra={"formulation": res.formulation, "solver_status": res.solver_status,
+               "optimality_gap": res.gap, "ilp_solves": res.plans_evaluated,
+               "solve_time_s": res.solve_time_s, "complete": res.complete,
+               "baseline_plan": res.baseline_plan.short() if res.baseline_plan else None})

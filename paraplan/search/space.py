@@ -78,7 +78,7 @@ def parse_fix(text: str | dict[str, Any] | None) -> dict[str, Any]:
     if not text:
         return {}
     if isinstance(text, dict):
-        raw = dict(text)
+        raw = {ALIASES.get(k, k): v for k, v in text.items()}
     else:
         raw = {}
         for item in text.replace(" ", ",").split(","):

@@ -138,16 +138,22 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
                 device: Device, *, moe: bool) -> LayerParts:
     """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
 
-    Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size
-    and tp_comm_overlap. Groups are the first TP/CP/EP group in rank order (tp fastest).
+    Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size,
+    tp_comm_overlap and placement. Groups are the first TP/CP/EP group in rank order (tp
+    fastest), on the GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
     """
     t, cp = plan.tp, plan.cp
+    place = plan.placement
+
+    def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return ranks if place is None else tuple(place[r] for r in ranks)
+
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
     lt = layer_times(model, training, plan, device, moe=moe)
     tp_c = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
-        tp_c = coll.group_collective(topo, tuple(range(t)), "all_reduce", act_bytes)
+        tp_c = coll.group_collective(topo, on(tuple(range(t))), "all_reduce", act_bytes)
         if plan.tp_comm_overlap:
             # Async TP / userbuffers split the collective into chunks pipelined with the
             # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
@@ -159,13 +165,13 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
         kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
-        ring = topo.ring(tuple(t * i for i in range(cp)))
+        ring = topo.ring(on(tuple(t * i for i in range(cp))))
         step = coll.p2p(kv, ring.bandwidth_GBps * 1e9, ring.latency_s)
         cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
         a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
-        ep_group = tuple(plan.expert_tp * j for j in range(plan.ep))
+        ep_group = on(tuple(plan.expert_tp * j for j in range(plan.ep)))
         ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
     return LayerParts(lt, tp_c, cp_c, ep_c)
 
@@ -228,12 +234,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).
+    place = None if plan.placement is None else np.asarray(plan.placement, dtype=np.int64)
     if len(cluster.gpu_types) == 1:
         stage_gpus = [{cluster.gpu.name: cluster.gpu}] * p
     else:
         stage_gpus = []
         for r in range(p):
-            gids = np.unique(topo.group_of_gpu[r * span_ranks:(r + 1) * span_ranks])
+            block = np.arange(r * span_ranks, (r + 1) * span_ranks)
+            gids = np.unique(topo.group_of_gpu[block if place is None else place[block]])
             stage_gpus.append({cluster.node_groups[int(g)].gpu.name:
                                cluster.node_groups[int(g)].gpu for g in gids})
     per_gpu: dict[str, tuple[Device, LayerCost, LayerCost, float, float]] = {}
@@ -282,7 +290,14 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     t_p2p = 0.0
     if p > 1:
         # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
-        t_p2p = coll.group_p2p(topo, 0, span_ranks, act_bytes / t)
+        if place is None:
+            t_p2p = coll.group_p2p(topo, 0, span_ranks, act_bytes / t)
+        else:
+            # Placed: every replica's every boundary sends at once; the slowest pair paces
+            # the pipeline (DT-FM sec 3's bottleneck matching).
+            t_p2p = max(coll.group_p2p(topo, int(place[r * span_ranks + t * i]),
+                                       int(place[(r + 1) * span_ranks + t * i]), act_bytes / t)
+                        for r in range(p - 1) for i in range(dp * cp))
     if len(set(chunks)) == 1:
         # Even split (given or implied: the same split always gets the same time); stages
         # differ only by the embedding / LM head. Closed form on the mean
@@ -299,18 +314,19 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)
 
     # ---- data-parallel synchronisation ---------------------------------------------------
-    dp_group = tuple(t * i for i in range(cp * dp))
-    dense0, experts0 = params_per_stage(model, plan, layers, crit, moe_per_rank)
     grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
     edp = max(1, dp * cp * t // (plan.ep * plan.expert_tp))
-    edp_group = tuple(plan.expert_tp * plan.ep * i for i in range(edp))
-    dp_time = 0.0
-    zero3_exposed = 0.0
-    if len(dp_group) > 1 or edp > 1:
+    dense0, experts0 = params_per_stage(model, plan, layers, crit, moe_per_rank)
+    units = max(1, layers[crit])
+
+    def dp_sync(dp_group: tuple[int, ...], edp_group: tuple[int, ...], dense: float,
+                experts: float) -> tuple[float, float]:
+        """(exposed DP time, exposed ZeRO-3 gathers) of one stage's groups, seconds."""
+        if len(dp_group) <= 1 and edp <= 1:
+            return 0.0, 0.0
+
         # Collectives run at their real granularity: DDP/Megatron buckets of ~40M elements,
         # FSDP one unit per transformer layer; each pays the ring's per-step latency.
-        units = max(1, layers[crit])
-
         def chunked(kind: str, group: tuple[int, ...], nbytes: float, chunks: float) -> float:
             if nbytes <= 0:
                 return 0.0
@@ -322,31 +338,44 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             # reduce-scatter the gradients, every micro-batch; prefetching hides it behind that
             # micro-batch's compute. A checkpointed layer is recomputed inside its backward,
             # while its weights are gathered, so recomputation adds no gather.
-            gather = chunked("all_gather", dp_group, dense0 * training.compute_bytes, units)
-            scatter = chunked("reduce_scatter", dp_group, dense0 * grad_bytes, units)
-            if experts0:
-                gather += chunked("all_gather", edp_group, experts0 * training.compute_bytes,
+            gather = chunked("all_gather", dp_group, dense * training.compute_bytes, units)
+            scatter = chunked("reduce_scatter", dp_group, dense * grad_bytes, units)
+            if experts:
+                gather += chunked("all_gather", edp_group, experts * training.compute_bytes,
                                   units)
-                scatter += chunked("reduce_scatter", edp_group, experts0 * grad_bytes, units)
+                scatter += chunked("reduce_scatter", edp_group, experts * grad_bytes, units)
             per_mb = 2 * gather + scatter
             compute_mb = t_f[crit] + t_b[crit]
             # Exposed: what compute cannot hide, the first layer's gather, and the SMs NCCL
             # takes from compute while overlapped.
-            zero3_exposed = m * (max(0.0, per_mb - compute_mb)
-                                 + min(per_mb, compute_mb) * device.nccl_slowdown)
-            zero3_exposed += gather / units
-        else:
-            sync = chunked("all_reduce", dp_group, dense0 * grad_bytes,
-                           dense0 / DDP_BUCKET_ELEMENTS)
-            if experts0:
-                sync += chunked("all_reduce", edp_group, experts0 * grad_bytes,
-                                experts0 / DDP_BUCKET_ELEMENTS)
-            buckets = max(1.0, (dense0 + experts0) / DDP_BUCKET_ELEMENTS)
-            window = t_b[0] if plan.overlap_grad_reduce else 0.0
-            dp_time = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
-            if plan.overlap_grad_reduce:
-                dp_time += min(sync, window) * device.nccl_slowdown
-        dp_time /= plan.dp_sync_interval
+            z3 = m * (max(0.0, per_mb - compute_mb)
+                      + min(per_mb, compute_mb) * device.nccl_slowdown)
+            return 0.0, z3 + gather / units
+        sync = chunked("all_reduce", dp_group, dense * grad_bytes, dense / DDP_BUCKET_ELEMENTS)
+        if experts:
+            sync += chunked("all_reduce", edp_group, experts * grad_bytes,
+                            experts / DDP_BUCKET_ELEMENTS)
+        buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
+        window = t_b[0] if plan.overlap_grad_reduce else 0.0
+        out = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
+        if plan.overlap_grad_reduce:
+            out += min(sync, window) * device.nccl_slowdown
+        return out / plan.dp_sync_interval, 0.0
+
+    dp_ranks = tuple(t * i for i in range(cp * dp))
+    edp_ranks = tuple(plan.expert_tp * plan.ep * i for i in range(edp))
+    if place is None:
+        dp_time, zero3_exposed = dp_sync(dp_ranks, edp_ranks, dense0, experts0)
+    else:
+        # Placed: each stage reduces its own parameters over its own GPUs, all at once; the
+        # slowest stage's reduction is the one the step waits for. The reduction order is
+        # free (the communicator may list its ranks in any order), so its ring runs in GPU
+        # index order: node by node and region by region, as rank order does.
+        dp_time, zero3_exposed = max(
+            (dp_sync(tuple(sorted(int(place[r * span_ranks + x]) for x in dp_ranks)),
+                     tuple(sorted(int(place[r * span_ranks + x]) for x in edp_ranks)),
+                     *params_per_stage(model, plan, layers, r, moe_per_rank))
+             for r in range(p)), key=sum)
 
     # ---- optimizer -----------------------------------------------------------------------
     shard = dp * cp if plan.zero_stage >= 1 else 1

@@ -56,6 +56,25 @@ def check_plan(
         )
     dp = plan.resolved_dp(n_gpus)
 
+    # Placement (rank -> GPU): a permutation of the cluster's GPUs; TP groups stay in a node.
+    if plan.placement is not None:
+        if sorted(plan.placement) != list(range(n_gpus)):
+            reasons.append(
+                f"placement has {len(plan.placement)} entries; it must list each of the "
+                f"cluster's {n_gpus} GPUs (0..{n_gpus - 1}) exactly once, one per rank"
+            )
+        elif plan.tp > 1 and not plan.allow_cross_node_tp:
+            node = cluster.topology.node_of_gpu
+            for start in range(0, n_gpus, plan.tp):
+                gpus = plan.placement[start:start + plan.tp]
+                if len({int(node[g]) for g in gpus}) > 1:
+                    reasons.append(
+                        f"placement puts TP group of ranks {start}..{start + plan.tp - 1} on "
+                        f"GPUs {gpus} in different nodes; keep each TP group in one node "
+                        "(or set allow_cross_node_tp)"
+                    )
+                    break
+
     # Tensor parallel vs heads (Megatron: num_attention_heads % tp == 0 and
     # num_query_groups % tp == 0).
     heads, kv = model.num_attention_heads, model.kv_heads

@@ -313,6 +313,14 @@ class ClusterSpec(StrictModel):
         """GPUs per node of the first node group."""
         return self.node_groups[0].gpus_per_node
 
+    def model_copy(self, *, update: dict[str, Any] | None = None,
+                   deep: bool = False) -> ClusterSpec:
+        """pydantic's model_copy, minus the cached ``topology`` (model_copy copies the
+        instance ``__dict__``, so a copy with other node groups would keep the old one)."""
+        out = super().model_copy(update=update, deep=deep)
+        out.__dict__.pop("topology", None)
+        return out
+
     @cached_property
     def topology(self) -> Topology:
         """The cluster's Topology, built once per spec instance (specs are immutable)."""

@@ -62,6 +62,12 @@ class ParallelPlan(StrictModel):
     """Local SGD / DiLoCo: replicas synchronize every H steps (1 = every step)."""
     grad_compression_ratio: float = Field(default=1.0, ge=1.0, le=1e6)
     """Bytes of DP gradient traffic are divided by this (PowerSGD, quantization, top-k)."""
+    placement: list[int] | None = None
+    """GPU index of each rank (``placement[rank]``, a permutation of the cluster's GPUs; ranks
+    in Megatron order, see ``simulator.step``). None = rank order (rank r on GPU r). Set by
+    the evolutionary searcher (DT-FM-style topology-aware placement); ``simulate`` then
+    prices every stage's data-parallel group and every pipeline boundary on the GPUs they
+    actually use and takes the slowest."""
 
     @model_validator(mode="after")
     def _shape(self) -> ParallelPlan:
@@ -73,6 +79,12 @@ class ParallelPlan(StrictModel):
                 )
             if any(n < 0 for n in self.layers_per_stage):
                 raise ValueError("layers_per_stage entries must be >= 0")
+        if self.placement is not None:
+            if len(set(self.placement)) != len(self.placement):
+                raise ValueError("placement lists a GPU twice; it must map each rank to a "
+                                 "different GPU")
+            if any(g < 0 for g in self.placement):
+                raise ValueError("placement entries are GPU indices >= 0")
         return self
 
     @property
@@ -109,6 +121,8 @@ class ParallelPlan(StrictModel):
             parts.append(self.schedule + vpp)
         if self.recompute != "none":
             parts.append(f"rc={self.recompute}")
+        if self.placement is not None:
+            parts.append("placed")
         return " ".join(parts)
 
 
