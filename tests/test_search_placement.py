@@ -1,5 +1,5 @@
-"""Topology-aware placement: ``ParallelPlan.placement`` in simulate, the evolutionary searcher
-behind ``search()``, and the four searchers agreeing on a homogeneous cluster."""
+"""Topology-aware placement: ``ParallelPlan.placement`` in simulate and the evolutionary
+searcher behind ``search()``."""
 
 from __future__ import annotations
 
@@ -109,19 +109,3 @@ def test_auto_picks_a_searcher_by_cluster_kind(xl):
     homo = search(load_model("gpt3-350m"), load_cluster("dgx-a100-80gb", nodes=1),
                   TrainingSpec(global_batch_size=64, seq_len=2048), top=1)
     assert homo.searcher == "exhaustive"
-
-
-def test_all_four_searchers_agree_on_gpt3_175b_on_16_dgx_a100():
-    """Issue 4: gpt3-175b on 16 dgx-a100-80gb (global batch 1536, seq 2048): the four
-    searchers' best plans are within 2% of each other."""
-    model = load_model("gpt3-175b")
-    cluster = load_cluster("dgx-a100-80gb", nodes=16)
-    training = TrainingSpec(global_batch_size=1536, seq_len=2048)
-    best = {s: search(model, cluster, training, searcher=s, top=1)
-            for s in ("exhaustive", "dp", "ilp", "evolutionary")}
-    times = {s: r.best.step_time_s for s, r in best.items()}
-    assert max(times.values()) <= min(times.values()) * 1.02, times
-    # No searcher beats the whole-space exhaustive ranking by more than rounding.
-    assert min(times.values()) >= times["exhaustive"] * (1 - 1e-9)
-    for r in best.values():
-        assert r.baseline_step_time_s is not None and r.plans_evaluated > 0

@@ -1283,6 +1283,8 @@ def evolutionary_placement(network: Network, pp: int, dp: int,
 
 SHORTLIST = 12
 """Distinct plan shapes (tp, pp, dp, cp, ep, vpp) taken from the uniform-view ranking."""
+VARIANTS = 4
+"""Fastest variants (ZeRO, recompute, micro-batch, schedule) kept per shortlisted shape."""
 PLACED = 3
 """Of those, the fastest shapes (simulated on the real network in rank order) get a GA
 placement (each with all its shortlisted ZeRO / recompute / schedule variants)."""
@@ -1381,36 +1383,53 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
     lists, per placed shape, the DT-FM cost of rank order and of the GA placement, the
     simulated step times and the GA's convergence (best cost per generation).
     """
-    from paraplan.search.exhaustive import SearchResult, exhaustive_search, rank_key
+    from paraplan.search.exhaustive import SearchResult, rank_key
+    from paraplan.search.space import build_space, evaluate_space
     from paraplan.simulator.step import simulate
 
     start = time.perf_counter()
     if top < 1:
         raise SpecError("top must be >= 1", field="top", value=top)
     view = uniform_view(cluster)
-    pre = exhaustive_search(model, view, training, fix=fix, top=4 * max(shortlist, top),
-                            options=options)
+    space = build_space(model, view, training, fix, options)
+    if len(space) == 0:
+        reasons = ", ".join(f"{k:,} {r}" for r, k in space.rejected.most_common(3))
+        raise SpecError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs of "
+                        f"{cluster.name}" + (f" ({reasons})" if reasons else ""),
+                        field="plan", value=str(fix or {}))
+    ev = evaluate_space(space, None, exact_interleaved=False)
+    ok = np.nonzero(ev.feasible & np.isfinite(ev.step_time_s))[0]
+    if ok.size == 0:
+        raise SpecError(f"no plan of {model.name} fits in the memory of {cluster.name!r}'s "
+                        f"smallest GPU ({view.gpu.name}, {view.gpu.memory_GiB:g} GiB)",
+                        field="memory", value=view.gpu.memory_GiB)
     n = cluster.num_gpus
     identity = list(range(n))
-    # Up to ``shortlist`` distinct shapes (tp, pp, dp, cp, ep, vpp) with their variants (ZeRO,
-    # recompute, schedule), so that shapes that move fewer bytes over slow links get a chance.
-    shapes: dict[tuple, int] = {}
+    # The best ``VARIANTS`` rows (ZeRO, recompute, micro-batch, schedule) of each of the
+    # ``shortlist`` fastest shapes (tp, pp, dp, cp, ep, vpp) on the uniform view: on slow
+    # links the shape decides what crosses the network, so every shape gets a chance.
+    cols = space.cols
+    order = ok[np.argsort(ev.step_time_s[ok], kind="stable")]
+    per_shape: dict[tuple, int] = {}
     keep = []
-    for rep in pre.reports:
-        key = _shape(rep.plan)
-        if key not in shapes:
-            if len(shapes) >= shortlist:
+    for i in order.tolist():
+        key = tuple(int(cols[k][i]) for k in ("tp", "pp", "dp", "cp", "ep", "v"))
+        if key not in per_shape:
+            if len(per_shape) >= shortlist:
                 continue
-            shapes[key] = len(shapes)
-        keep.append(rep)
+            per_shape[key] = 0
+        if per_shape[key] < VARIANTS:
+            per_shape[key] += 1
+            keep.append(space.plan(i))
+        if len(per_shape) >= shortlist and all(v >= VARIANTS for v in per_shape.values()):
+            break
     rank_order: list[tuple[StepReport, ParallelPlan]] = []
-    for rep in keep:
-        plan = ParallelPlan(**{**rep.plan, "placement": None})
+    for plan in keep:
         r = simulate(model, cluster, training, plan.model_copy(update={"placement": identity}))
         if r.feasible and r.step_time_s is not None:
             rank_order.append((r, plan))
     if not rank_order:
-        raise SpecError(f"none of the {len(pre.reports)} fastest plan shapes of the uniform "
+        raise SpecError(f"none of the {len(keep)} fastest plans of the uniform "
                         f"view fits {cluster.name!r} once simulated on its real GPUs",
                         field="cluster", value=cluster.name)
     rank_order.sort(key=lambda x: rank_key(x[0]))
@@ -1466,7 +1485,8 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
              f"{len(chosen)} fastest shapes, with a DT-FM genetic placement of their "
              "(stage, replica) tasklets, kept where simulate finds it faster"]
     return SearchResult(
-        searcher="evolutionary", plans_evaluated=pre.plans_evaluated + len(rank_order),
+        searcher="evolutionary", plans_evaluated=len(space) + len(keep),
         search_time_s=time.perf_counter() - start, reports=reports[:top],
-        baseline_step_time_s=baseline, rejected=pre.rejected, considered=pre.considered,
+        baseline_step_time_s=baseline, rejected=dict(space.rejected),
+        considered=space.considered,
         notes=notes, extra={"placements": info, "seed": seed})

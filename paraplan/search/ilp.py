@@ -1566,7 +1566,7 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
                     # simulate and kept when it is faster.
                     best_rep, best_plan = None, sol.plan
                     for plan in (sol.plan, sol.plan.model_copy(update={"schedule": "zb-h1"})):
-                        if plan.schedule != "1f1b" and plan.pp == 1:
+                        if plan.schedule != "1f1b" and (plan.pp == 1 or "schedule" in fixed):
                             continue
                         rep = simulate(model, sol.cluster, training, plan)
                         if rep.feasible and (best_rep is None
