@@ -177,3 +177,31 @@ def test_best_model_that_cannot_fit_says_why() -> None:
               "--seq-len", "8192")
     assert res.returncode == 2
     assert "no plan fits in memory" in res.stderr and "GiB" in res.stderr
+
+
+def test_best_auto_uses_evolutionary_on_a_wan_cluster_and_reports_the_baseline() -> None:
+    res = run("best", "--model", "gpt3-350m", "--cluster", "dtfm-multi-university",
+              "--global-batch", "64", "--seq-len", "1024", "--precision", "fp16", "--top", "2",
+              "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["searcher"] == "evolutionary"
+    assert data["plans"][0]["step_time_s"] <= data["baseline_step_time_s"]
+    assert data["placements"] and "convergence_s" in data["placements"][0]
+
+
+def test_best_auto_uses_the_ilp_on_mixed_gpu_types(tmp_path: Path) -> None:
+    yaml_text = (
+        "name: two-types\n"
+        "node_groups:\n"
+        "  - {gpu: a100-sxm-80gb, gpus_per_node: 8, num_nodes: 1, intra_node_link: nvlink3,"
+        " inter_node_link: ib-hdr}\n"
+        "  - {gpu: v100-sxm2-32gb, gpus_per_node: 8, num_nodes: 1, intra_node_link: nvlink2,"
+        " inter_node_link: eth-100g}\n")
+    path = tmp_path / "two-types.yaml"
+    path.write_text(yaml_text)
+    res = run("best", "--model", "gpt3-760m", "--cluster", str(path), "--global-batch", "64",
+              "--seq-len", "2048", "--precision", "fp16", "--top", "1")
+    assert res.returncode == 0, res.stderr
+    assert "ilp search" in res.stdout and "baseline" in res.stdout
+    assert "optimality gap" in res.stdout
