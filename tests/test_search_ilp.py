@@ -164,7 +164,7 @@ def test_ilp_stage_times_agree_with_simulate(gpt27):
 
 
 def test_ilp_stage_times_agree_with_simulate_when_tp_links_differ_by_type(mixed):
-    """TP > 1: simulate prices TP collectives on stage 0's links, which the ILP models."""
+    """TP > 1: simulate prices each stage's TP collectives on its own links, as the ILP does."""
     model = load_model("llama2-7b")
     training = TrainingSpec(global_batch_size=256, **FP16)
     result = ilp_search(model, mixed, training, fix={"tp": 2, "pp": 8, "dp": 4})

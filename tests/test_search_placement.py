@@ -109,3 +109,23 @@ def test_auto_picks_a_searcher_by_cluster_kind(xl):
     homo = search(load_model("gpt3-350m"), load_cluster("dgx-a100-80gb", nodes=1),
                   TrainingSpec(global_batch_size=64, seq_len=2048), top=1)
     assert homo.searcher == "exhaustive"
+
+
+def test_mixed_cluster_prices_each_stage_tp_on_its_own_links():
+    """Stage 1 on RTX 4090s (PCIe) pays PCIe TP all-reduces even when stage 0 sits on
+    NVLink A100s: it matches the same stage on an all-4090 cluster."""
+    a100 = {"gpu": "a100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 1,
+            "intra_node_link": "nvlink3", "inter_node_link": "eth-100g"}
+    rtx = {"gpu": "rtx4090", "gpus_per_node": 8, "num_nodes": 1,
+           "intra_node_link": "pcie4", "inter_node_link": "eth-100g"}
+    mixed = cluster_from_dict({"name": "a100-then-4090", "node_groups": [a100, rtx]})
+    only = cluster_from_dict({"name": "4090s", "node_groups": [{**rtx, "num_nodes": 2}]})
+    model = load_model("gpt3-760m")
+    training = TrainingSpec(global_batch_size=64, seq_len=1024, **FP16)
+    plan = ParallelPlan(tp=2, pp=2, micro_batch_size=1, zero_stage=1, recompute="full")
+    a = simulate(model, mixed, training, plan)
+    b = simulate(model, only, training, plan)
+    assert a.extra["stage_gpu_types"] == [["a100-sxm-80gb"], ["rtx4090"]]
+    assert a.extra["stage_forward_s"][1] == pytest.approx(b.extra["stage_forward_s"][1],
+                                                          rel=1e-12)
+    assert a.extra["stage_forward_s"][0] < b.extra["stage_forward_s"][0]

@@ -43,7 +43,7 @@ from paraplan.simulator.memory import (
     pipeline_memory,
 )
 from paraplan.simulator.pipeline import inflight_microbatches
-from paraplan.simulator.step import StepReport, even_split, layer_cost
+from paraplan.simulator.step import StepReport, even_split, layer_cost, stage_gpu_types
 from paraplan.specs.checks import validate_plan
 from paraplan.specs.cluster import ClusterSpec, GPUSpec
 from paraplan.specs.errors import SpecError
@@ -238,6 +238,11 @@ class _Context:
     inflight: list[float]
     stage_gpus: list[dict[str, GPUSpec]]
     caps_gib: list[float]
+    stage_base: list[dict[str, int]]
+    """Per stage and GPU type: the rank whose TP/CP/EP groups price its layers (step.py)."""
+
+    def key(self, r: int, name: str) -> tuple[str, int]:
+        return name, self.stage_base[r][name]
 
 
 def _context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -256,32 +261,27 @@ def _context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     m = training.global_batch_size // (dp * plan.micro_batch_size)
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=1) for r in range(p)]
     span = dp * plan.tp * plan.cp
-    if len(cluster.gpu_types) == 1:
-        stage_gpus = [{cluster.gpu.name: cluster.gpu}] * p
-    else:
-        groups = cluster.topology.group_of_gpu
-        stage_gpus = []
-        for r in range(p):
-            gids = np.unique(groups[r * span:(r + 1) * span])
-            stage_gpus.append({cluster.node_groups[int(g)].gpu.name:
-                               cluster.node_groups[int(g)].gpu for g in gids})
+    stage_gpus, stage_base = stage_gpu_types(cluster, plan, p, span)
     caps = [min(g.memory_GiB for g in gpus.values()) for gpus in stage_gpus]
-    return _Context(p, dp, m, inflight, stage_gpus, caps)
+    return _Context(p, dp, m, inflight, stage_gpus, caps, stage_base)
 
 
 def _layer_pass(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                plan: ParallelPlan, device: Device, *, moe: bool) -> tuple[float, float]:
+                plan: ParallelPlan, device: Device, *, moe: bool,
+                base_rank: int = 0) -> tuple[float, float]:
     """(forward, backward) seconds of one layer, one micro-batch, incl. exposed TP/CP/EP
     communication and recomputation: ``simulator.step.layer_cost``."""
-    cost = layer_cost(model, cluster.topology, training, plan, device, moe=moe)
+    cost = layer_cost(model, cluster.topology, training, plan, device, moe=moe,
+                      base_rank=base_rank)
     return cost.fwd, cost.bwd
 
 
 def _gpu_costs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-               plan: ParallelPlan, gpu: GPUSpec) -> _GpuCosts:
+               plan: ParallelPlan, gpu: GPUSpec, base_rank: int = 0) -> _GpuCosts:
     dev = Device.of(gpu, training.precision, training.kernels)
-    dense = _layer_pass(model, cluster, training, plan, dev, moe=False)
-    moe = _layer_pass(model, cluster, training, plan, dev, moe=True) if model.is_moe else dense
+    dense = _layer_pass(model, cluster, training, plan, dev, moe=False, base_rank=base_rank)
+    moe = (_layer_pass(model, cluster, training, plan, dev, moe=True, base_rank=base_rank)
+           if model.is_moe else dense)
     head_f, head_b = lm_head_times(model, training, plan, dev)
     return _GpuCosts(dense[0], dense[1], moe[0], moe[1], head_f, head_b)
 
@@ -392,11 +392,12 @@ def optimal_layer_split(model: ModelSpec, cluster: ClusterSpec, training: Traini
     ctx = _context(model, cluster, training, plan)
     p, n = ctx.p, model.num_layers
     la = layer_activations(model, training, plan)
-    per_gpu: dict[str, _GpuCosts] = {}
-    for gpus in ctx.stage_gpus:
+    per_gpu: dict[tuple[str, int], _GpuCosts] = {}
+    for r, gpus in enumerate(ctx.stage_gpus):
         for name, gpu in gpus.items():
-            if name not in per_gpu:
-                per_gpu[name] = _gpu_costs(model, cluster, training, plan, gpu)
+            key = ctx.key(r, name)
+            if key not in per_gpu:
+                per_gpu[key] = _gpu_costs(model, cluster, training, plan, gpu, key[1])
 
     idx = np.arange(n + 1)
     dense_before = _dense_before(model, idx)
@@ -413,7 +414,7 @@ def optimal_layer_split(model: ModelSpec, cluster: ClusterSpec, training: Traini
         last = r == p - 1
         t = np.zeros((n + 1, n + 1))
         for name in ctx.stage_gpus[r]:
-            t = np.maximum(t, _stage_time(per_gpu[name], n_dense, n_moe, last))
+            t = np.maximum(t, _stage_time(per_gpu[ctx.key(r, name)], n_dense, n_moe, last))
         times.append(t)
         mem = np.full((n + 1, n + 1), np.inf)
         starts = [0] if r == 0 else range(r, n)
@@ -539,15 +540,16 @@ def per_layer_recompute(model: ModelSpec, cluster: ClusterSpec, training: Traini
     working = keep * la_full.working
 
     # Per GPU type: (base, extra-per-dense-layer, extra-per-MoE-layer) seconds.
-    costs: dict[str, tuple[_GpuCosts, _GpuCosts]] = {}
-    for gpus in ctx.stage_gpus:
+    costs: dict[tuple[str, int], tuple[_GpuCosts, _GpuCosts]] = {}
+    for r, gpus in enumerate(ctx.stage_gpus):
         for name, gpu in gpus.items():
-            if name not in costs:
-                costs[name] = (_gpu_costs(model, cluster, training, none_plan, gpu),
-                               _gpu_costs(model, cluster, training, full_plan, gpu))
+            key = ctx.key(r, name)
+            if key not in costs:
+                costs[key] = (_gpu_costs(model, cluster, training, none_plan, gpu, key[1]),
+                              _gpu_costs(model, cluster, training, full_plan, gpu, key[1]))
 
-    def extra(name: str, moe: bool) -> float:
-        c0, c1 = costs[name]
+    def extra(key: tuple[str, int], moe: bool) -> float:
+        c0, c1 = costs[key]
         if moe:
             return (c1.moe_f + c1.moe_b) - (c0.moe_f + c0.moe_b)
         return (c1.dense_f + c1.dense_b) - (c0.dense_f + c0.dense_b)
@@ -563,9 +565,11 @@ def per_layer_recompute(model: ModelSpec, cluster: ClusterSpec, training: Traini
         n_moe = sum(is_moe)
         save = [keep * ((la_none.moe - la_full.moe) if mo else (la_none.dense - la_full.dense))
                 * ctx.inflight[r] for mo in is_moe]
-        base = {name: float(_stage_time(costs[name][0], layers[r] - n_moe, n_moe, r == p - 1))
+        base = {name: float(_stage_time(costs[ctx.key(r, name)][0], layers[r] - n_moe, n_moe,
+                                        r == p - 1))
                 for name in ctx.stage_gpus[r]}
-        extras = {name: [extra(name, mo) for mo in is_moe] for name in ctx.stage_gpus[r]}
+        extras = {name: [extra(ctx.key(r, name), mo) for mo in is_moe]
+                  for name in ctx.stage_gpus[r]}
         budget_gb = budgets_gb[r]
         budget = budget_gb * GiB
         chosen = _solve_stage(base, extras, save, mem_none[r], working, budget, unit_bytes)

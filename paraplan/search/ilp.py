@@ -350,7 +350,9 @@ def _layer_costs(ctx: _Ctx, plan: ParallelPlan, first: str,
     hit = ctx.costs.get(key)
     if hit is None:
         dev = Device.of(ctx.types[gpu].gpu, ctx.training.precision, ctx.training.kernels)
-        cost = layer_cost(ctx.model, _probe(ctx, first).topology, ctx.training, plan, dev,
+        # simulate prices each stage's TP/CP/EP groups on its own GPU type's links, so the
+        # cost of type ``gpu`` no longer depends on which type hosts stage 0.
+        cost = layer_cost(ctx.model, _probe(ctx, gpu).topology, ctx.training, plan, dev,
                           moe=ctx.model.is_moe)
         head_f, head_b = lm_head_times(ctx.model, ctx.training, plan, dev)
         hit = ctx.costs[key] = (cost.fwd, cost.bwd, head_f, head_b)

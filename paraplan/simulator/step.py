@@ -135,17 +135,19 @@ class LayerParts:
 
 
 def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
-                device: Device, *, moe: bool) -> LayerParts:
+                device: Device, *, moe: bool, base_rank: int = 0) -> LayerParts:
     """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
 
     Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size,
-    tp_comm_overlap and placement. Groups are the first TP/CP/EP group in rank order (tp
-    fastest), on the GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
+    tp_comm_overlap and placement. Groups are the TP/CP/EP groups that start at rank
+    ``base_rank`` (a multiple of tp*cp; 0 = the first groups in rank order, tp fastest), on the
+    GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
     """
     t, cp = plan.tp, plan.cp
     place = plan.placement
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
+        ranks = tuple(base_rank + r for r in ranks)
         return ranks if place is None else tuple(place[r] for r in ranks)
 
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
@@ -200,11 +202,44 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
 
 
 def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
-               device: Device, *, moe: bool) -> LayerCost:
+               device: Device, *, moe: bool, base_rank: int = 0) -> LayerCost:
     """One layer, one micro-batch, one rank: pass times incl. exposed TP/CP/EP communication
     and recomputation (``layer_parts`` composed under ``plan.recompute``), seconds."""
-    return compose_layer_cost(layer_parts(model, topo, training, plan, device, moe=moe),
-                              plan.recompute)
+    return compose_layer_cost(layer_parts(model, topo, training, plan, device, moe=moe,
+                                          base_rank=base_rank), plan.recompute)
+
+
+def stage_gpu_types(cluster: ClusterSpec, plan: ParallelPlan, p: int, span_ranks: int,
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, int]]]:
+    """Each stage's GPU types (name -> GPUSpec) and, per type, the first rank of the stage's
+    first TP*CP group on that type (``layer_cost``'s ``base_rank``).
+
+    On one GPU type every TP/CP/EP group is priced on the first one (rank order, as the
+    vectorized search does). On a mixed cluster each stage's groups of each GPU type are
+    priced on the first such group in that stage (its own node links). Stage r is the block
+    of ranks [r*span_ranks, (r+1)*span_ranks), on the GPUs ``plan.placement`` maps them to.
+    """
+    if len(cluster.gpu_types) == 1:
+        return [{cluster.gpu.name: cluster.gpu}] * p, [{cluster.gpu.name: 0}] * p
+    topo = cluster.topology
+    place = None if plan.placement is None else np.asarray(plan.placement, dtype=np.int64)
+    unit = plan.tp * plan.cp
+    stage_gpus: list[dict[str, Any]] = []
+    stage_base: list[dict[str, int]] = []
+    for r in range(p):
+        block = np.arange(r * span_ranks, (r + 1) * span_ranks)
+        gids = topo.group_of_gpu[block if place is None else place[block]]
+        types: dict[str, Any] = {}
+        bases: dict[str, int] = {}
+        for j, g in enumerate(gids[::unit].tolist()):
+            bases.setdefault(cluster.node_groups[int(g)].gpu.name, r * span_ranks + j * unit)
+        for g in np.unique(gids).tolist():
+            gpu = cluster.node_groups[int(g)].gpu
+            types[gpu.name] = gpu
+            bases.setdefault(gpu.name, r * span_ranks)
+        stage_gpus.append(types)
+        stage_base.append(bases)
+    return stage_gpus, stage_base
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -235,24 +270,18 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).
     place = None if plan.placement is None else np.asarray(plan.placement, dtype=np.int64)
-    if len(cluster.gpu_types) == 1:
-        stage_gpus = [{cluster.gpu.name: cluster.gpu}] * p
-    else:
-        stage_gpus = []
-        for r in range(p):
-            block = np.arange(r * span_ranks, (r + 1) * span_ranks)
-            gids = np.unique(topo.group_of_gpu[block if place is None else place[block]])
-            stage_gpus.append({cluster.node_groups[int(g)].gpu.name:
-                               cluster.node_groups[int(g)].gpu for g in gids})
-    per_gpu: dict[str, tuple[Device, LayerCost, LayerCost, float, float]] = {}
-    for gpus in stage_gpus:
+    stage_gpus, stage_base = stage_gpu_types(cluster, plan, p, span_ranks)
+    per_gpu: dict[tuple[str, int], tuple[Device, LayerCost, LayerCost, float, float]] = {}
+    for gpus, bases in zip(stage_gpus, stage_base, strict=True):
         for name, gpu in gpus.items():
-            if name not in per_gpu:
+            key = (name, bases[name])
+            if key not in per_gpu:
                 dev = Device.of(gpu, training.precision, training.kernels)
-                dense = layer_cost(model, topo, training, plan, dev, moe=False)
-                moe = (layer_cost(model, topo, training, plan, dev, moe=True) if model.is_moe
-                       else dense)
-                per_gpu[name] = (dev, dense, moe, *lm_head_times(model, training, plan, dev))
+                dense = layer_cost(model, topo, training, plan, dev, moe=False,
+                                   base_rank=key[1])
+                moe = (layer_cost(model, topo, training, plan, dev, moe=True,
+                                  base_rank=key[1]) if model.is_moe else dense)
+                per_gpu[key] = (dev, dense, moe, *lm_head_times(model, training, plan, dev))
 
     t_f, t_b, t_w = [], [], []
     comp, tp_sum, cp_sum, ep_sum = [], [], [], []
@@ -268,7 +297,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         n_dense = layers[r] - n_moe
         best = None
         for name in stage_gpus[r]:
-            dev, dense, moe, head_f, head_b = per_gpu[name]
+            dev, dense, moe, head_f, head_b = per_gpu[(name, stage_base[r][name])]
             f = n_dense * dense.fwd + n_moe * moe.fwd
             b = n_dense * dense.bwd + n_moe * moe.bwd
             c = n_dense * dense.compute + n_moe * moe.compute
