@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 
 from paraplan import (
-    ClusterSpec,
     ModelSpec,
     ParallelPlan,
     SpecError,
@@ -29,27 +27,15 @@ from paraplan.search.dp import (
 from paraplan.simulator.memory import ALLOCATOR_FRAGMENTATION, layer_activations
 from paraplan.simulator.pipeline import inflight_microbatches
 from paraplan.specs.loaders import cluster_from_dict
+from tests.search_helpers import compositions, stage_times, with_memory
 
 GIB = 2.0**30
 
 
-def with_memory(cluster: ClusterSpec, gib: float) -> ClusterSpec:
-    """The same cluster with every GPU's memory set to ``gib`` GiB."""
-    groups = [g.model_copy(update={"gpu": g.gpu.model_copy(update={"memory_GiB": gib})})
-              for g in cluster.node_groups]
-    return cluster.model_copy(update={"node_groups": groups})
 
 
-def stage_times(report) -> list[float]:
-    return [f + b for f, b in zip(report.extra["stage_forward_s"],
-                                  report.extra["stage_backward_s"], strict=True)]
 
 
-def compositions(n: int, p: int):
-    """Every split of n items into p contiguous non-empty parts."""
-    for cuts in itertools.combinations(range(1, n), p - 1):
-        bounds = (0, *cuts, n)
-        yield [bounds[r + 1] - bounds[r] for r in range(p)]
 
 
 def mini_moe() -> ModelSpec:

@@ -25,6 +25,7 @@ from paraplan.search.ilp import (
     solve_pipeline_ilp,
 )
 from paraplan.specs.loaders import cluster_from_dict
+from tests.search_helpers import compositions, stage_times, with_memory
 
 
 def node(gpu: str, nodes: int, intra: str, inter: str, nics: int = 1) -> dict:
@@ -38,23 +39,10 @@ RTX = node("rtx4090", 2, "pcie4", "eth-100g")
 FP16 = {"seq_len": 2048, "precision": "fp16"}  # V100s have no bf16
 
 
-def with_memory(cluster: ClusterSpec, gib: float) -> ClusterSpec:
-    """The same cluster with every GPU's memory set to ``gib`` GiB (a fresh spec)."""
-    groups = [g.model_copy(update={"gpu": g.gpu.model_copy(update={"memory_GiB": gib})})
-              for g in cluster.node_groups]
-    return ClusterSpec(name=cluster.name, node_groups=groups)
 
 
-def stage_times(report) -> list[float]:
-    return [f + b for f, b in zip(report.extra["stage_forward_s"],
-                                  report.extra["stage_backward_s"], strict=True)]
 
 
-def compositions(n: int, p: int):
-    """Every split of n layers into p contiguous non-empty stages."""
-    for cuts in itertools.combinations(range(1, n), p - 1):
-        bounds = (0, *cuts, n)
-        yield [bounds[r + 1] - bounds[r] for r in range(p)]
 
 
 def amp(report) -> tuple[float, float]:

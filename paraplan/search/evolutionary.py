@@ -179,7 +179,7 @@ class CommVolumes:
 
 
 def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                 num_gpus: int | None = None) -> CommVolumes:
+                 num_gpus: int | None = None, *, model_parallel: bool = False) -> CommVolumes:
     """``dp_bytes``, ``pp_bytes`` and ``m`` for ``plan`` with the simulator's conventions.
 
     * ``dp_bytes[k]`` = parameters held by a stage-``k`` GPU
@@ -191,12 +191,14 @@ def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     * ``m`` = ``global_batch_size // (dp * micro_batch_size)``.
 
     ``plan.dp`` may be None when ``num_gpus`` is given (dp = num_gpus // pp). DT-FM tasklets are
-    one GPU each, so tp, cp and ep must be 1.
+    one GPU each, so tp, cp and ep must be 1 - unless ``model_parallel``: then a tasklet is a
+    block of tp*cp GPUs and the volumes are one rank's (``params_per_stage`` is per TP rank;
+    Megatron's scatter-gather sends b*s*h/(cp*tp) per rank per boundary).
     """
     from paraplan.simulator.memory import params_per_stage
     from paraplan.simulator.step import even_split
 
-    for name in ("tp", "cp", "ep"):
+    for name in () if model_parallel else ("tp", "cp", "ep"):
         if getattr(plan, name) != 1:
             raise SpecError(
                 f"plan.{name}={getattr(plan, name)}: DT-FM placement handles one GPU per "
@@ -214,7 +216,7 @@ def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     dp_bytes = tuple(float(sum(params_per_stage(model, plan, layers, k)) * grad_bytes)
                      for k in range(pp))
     pp_bytes = float(plan.micro_batch_size * training.seq_len * model.hidden_size
-                     * training.compute_bytes)
+                     * training.compute_bytes / (plan.cp * plan.tp))
     m = training.global_batch_size // (dp * plan.micro_batch_size)
     if m < 1:
         raise SpecError(
@@ -1336,26 +1338,6 @@ def _placement_of(groups: list[list[int]], slots: np.ndarray, unit: int) -> list
     return out
 
 
-def _volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, dp: int,
-             ) -> CommVolumes:
-    """Per-rank DT-FM volumes of a plan with tp/cp: gradient bytes of each stage's rank
-    (``params_per_stage`` is per TP rank), the activation bytes one TP rank sends per
-    micro-batch per boundary (Megatron scatter-gather: b*s*h/(cp*tp)), micro-batches."""
-    from paraplan.simulator.memory import params_per_stage
-    from paraplan.simulator.step import even_split
-
-    pp, v = plan.pp, plan.virtual_stages
-    chunks = plan.layers_per_stage or even_split(model.num_layers, pp * v)
-    layers = [sum(chunks[c * pp + r] for c in range(v)) for r in range(pp)]
-    grad = training.grad_reduce_bytes / plan.grad_compression_ratio
-    dp_bytes = tuple(float(sum(params_per_stage(model, plan, layers, k)) * grad)
-                     for k in range(pp))
-    pp_bytes = float(plan.micro_batch_size * training.seq_len * model.hidden_size
-                     * training.compute_bytes / (plan.cp * plan.tp))
-    m = training.global_batch_size // (dp * plan.micro_batch_size)
-    return CommVolumes(dp_bytes, pp_bytes, max(1, int(m)))
-
-
 def _shape(plan: dict) -> tuple:
     return tuple(plan.get(k) for k in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"))
 
@@ -1449,7 +1431,7 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
         if plan.pp * dp < 2:
             continue
         slots, pairs = _slot_matrices(cluster, unit)
-        vol = _volumes(model, training, plan, dp)
+        vol = comm_volumes(model, training, plan, n, model_parallel=True)
         key = (plan.pp, dp, unit, vol.dp_bytes, vol.pp_bytes, vol.num_microbatches)
         if key not in cache:
             cache[key] = evolutionary_placement(
