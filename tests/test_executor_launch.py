@@ -1,0 +1,107 @@
+"""The launcher: real worker processes (gloo, CPU), results, crashes, hangs, no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from paraplan.executor.launch import ExecutorError, launch, qualified_name  # noqa: E402
+from tests import executor_workers as workers  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pids(pid_dir: Path, n: int) -> list[int]:
+    return [int((pid_dir / f"{r}.pid").read_text()) for r in range(n)
+            if (pid_dir / f"{r}.pid").is_file()]
+
+
+def _assert_gone(pids: list[int]) -> None:
+    assert pids, "workers never published their PIDs"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_two_ranks_all_reduce_ordered_by_rank():
+    out = launch(workers.all_reduce_worker, 2, {"tag": "x"}, timeout_s=120)
+    assert [r["rank"] for r in out] == [0, 1]
+    assert all(r["sum"] == [3.0] * 4 and r["world_size"] == 2 for r in out)
+    assert all(r["threads"] == 1 and r["tag"] == "x" for r in out)
+    _assert_gone([r["pid"] for r in out])
+
+
+def test_world_size_four_over_tcp():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = launch("tests.executor_workers:all_reduce_worker", 4, {"num_threads": 1},
+                 timeout_s=120, backend="gloo", master_port=port)
+    assert [r["rank"] for r in out] == [0, 1, 2, 3]
+    assert all(r["sum"] == [10.0] * 4 for r in out)
+
+
+def test_raising_rank_is_reported_quickly(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(ExecutorError) as info:
+        launch(workers.raise_on_rank_worker, 2, {"bad": 1, "pid_dir": str(tmp_path)},
+               timeout_s=120)
+    assert time.monotonic() - start < 30  # startup plus a prompt report, not the timeout
+    err = info.value
+    assert err.kind == "crash" and err.rank == 1
+    assert "rank 1" in str(err) and "ValueError" in str(err) and "boom" in str(err)
+    assert "raise ValueError" in str(err)  # the traceback tail
+    _assert_gone(_pids(tmp_path, 2))
+
+
+def test_hung_ranks_time_out_and_are_killed(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(ExecutorError) as info:
+        launch(workers.hang_worker, 3, {"pid_dir": str(tmp_path)}, timeout_s=5)
+    assert time.monotonic() - start < 10
+    err = info.value
+    assert err.kind == "timeout" and err.rank == [0, 1]
+    assert "[0, 1]" in str(err) and "timeout" in str(err)
+    pids = _pids(tmp_path, 3)
+    assert len(pids) == 3
+    _assert_gone(pids)
+
+
+def test_hard_exit_is_a_crash_with_its_exit_code(tmp_path):
+    with pytest.raises(ExecutorError) as info:
+        launch(workers.hard_exit_worker, 2, {"bad": 0, "pid_dir": str(tmp_path)},
+               timeout_s=120)
+    err = info.value
+    assert err.kind == "crash" and err.rank == 0 and err.exitcodes[0] == 3
+    assert "rank 0 exited with code 3" in str(err) and "about to exit hard" in str(err)
+    _assert_gone(_pids(tmp_path, 2))
+
+
+def test_unimportable_worker_is_refused():
+    with pytest.raises(ValueError, match="top-level"):
+        qualified_name(lambda r, w, c: {})
+
+
+def test_run_under_torchrun():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), "-m",
+           "tests.executor_workers"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line[len("RESULT "):])
+    assert [r["rank"] for r in out] == [0, 1]
+    assert all(r["sum"] == [3.0] * 4 and r["tag"] == "torchrun" for r in out)
