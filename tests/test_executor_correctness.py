@@ -171,3 +171,31 @@ def test_validation_plan_must_shard_the_model() -> None:
     with pytest.raises(ValueError, match="layers_per_stage"):
         stage_layers(4, 2, [1, 2])
     assert stage_layers(5, 2) == [range(0, 3), range(3, 5)]
+
+
+@pytest.mark.parametrize("name", [*WORLD2, *WORLD4])
+def test_simulator_predicts_every_ranks_bytes_exactly(runs, name: str) -> None:
+    """``paraplan.simulator.volumes.comm_bytes`` equals what ``Comm`` counted, per rank and
+    collective kind, for every plan (the simulator's byte accounting is exact)."""
+    from paraplan.executor.bridge import model_spec, simulator_plan, training_spec
+    from paraplan.simulator.volumes import comm_bytes
+
+    config = {**WORLD2, **WORLD4}[name]
+    world = len(runs[name])
+    model = model_spec(TinyGPTConfig(**config["model"]))
+    training, plan = training_spec(config), simulator_plan(config, world)
+    for result in runs[name]:
+        predicted = comm_bytes(model, training, plan, world, rank=result["rank"])
+        measured = {k: v // config["steps"] for k, v in result["bytes_by_kind"].items()}
+        assert measured.pop("broadcast") == 0
+        assert predicted == measured, f"{name} rank {result['rank']}"
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE])
+def test_model_spec_counts_the_executor_parameters_exactly(model) -> None:
+    from paraplan.executor.bridge import config_from_model_spec, model_spec
+
+    cfg = TinyGPTConfig(**model)
+    spec = model_spec(cfg)
+    assert spec.num_params == _num_params(model)
+    assert config_from_model_spec(spec, cfg.seq_len, seed=cfg.seed) == cfg

@@ -1,20 +1,23 @@
 """Data parallelism: bucketed gradient all-reduce, and ZeRO-1 (sharded optimizer states).
 
-Gradients are synchronised after the whole backward pass (no overlap with it), bucket by
-bucket. Buckets are filled in REVERSE parameter order (the order gradients become ready, as
-PyTorch DDP) and a bucket is closed before a parameter that would push it past
-``bucket_elements`` elements (a parameter larger than that gets a bucket of its own).
+Both work on ONE flat buffer per parameter group, as Megatron-Core's distributed data
+parallel does (its contiguous ``grad_buffer`` split into buckets): the gradients of the
+group's parameters are laid end to end in REVERSE parameter order (the order backward makes
+them ready, as PyTorch DDP), zero-padded at the end to a multiple ``P`` of a ``multiple``
+(1 for plain DP, the group size ``n`` for ZeRO-1), and cut into consecutive buckets of
+``bucket_elements`` elements rounded down to that multiple (the last bucket takes the rest).
+Buckets may split a parameter. Gradients are synchronised after the whole backward pass (no
+overlap with it).
 
-Plain DP (``zero_stage=0``): per bucket, one all-reduce (sum) of the flattened gradients, then
-a division by ``divisor`` (the dp degree: the mean over data-parallel replicas). Bytes:
-``all_reduce = 4 * (number of parameters)`` per step in fp32.
+Plain DP (``zero_stage=0``): one all-reduce (sum) per bucket, then a division by ``divisor``
+(the dp degree: the mean over replicas). Bytes per step (``Comm`` contract): ``all_reduce =
+4 * (parameters in the group)`` in fp32, whatever the bucket size.
 
-ZeRO-1 (``zero_stage=1``; Rajbhandari et al. 2020, Pos; the Megatron distributed-optimizer
-layout): per bucket, the flattened gradients, zero-padded to a multiple ``P`` of the group
-size ``n``, are reduce-scattered; each rank divides its ``P/n`` shard by ``divisor``, keeps
-fp32 master weights and optimizer states for that shard only, steps, and the updated shards
-are all-gathered back into the parameters. Bytes per step: ``reduce_scatter = 4 * sum P``,
-``all_gather = 4 * sum P / n``.
+ZeRO-1 (``zero_stage=1``; Rajbhandari et al. 2020, P_os; Megatron's distributed-optimizer
+layout): each bucket (a multiple of ``n`` long) is reduce-scattered; rank ``r`` keeps chunk
+``r`` of every bucket, divides it by ``divisor``, holds fp32 optimizer states for it only,
+steps, and the updated chunks are all-gathered back into the parameters. Bytes per step:
+``reduce_scatter = 4 * P`` and ``all_gather = 4 * P / n`` with ``P = ceil(params / n) * n``.
 """
 
 from __future__ import annotations
@@ -30,90 +33,107 @@ from paraplan.executor.comm import Comm, uncounted_all_gather
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
 
 
-def make_buckets(params: Sequence[nn.Parameter],
-                 bucket_elements: int = DEFAULT_BUCKET_ELEMENTS) -> list[list[nn.Parameter]]:
-    """Split ``params`` into buckets of at most ``bucket_elements`` elements (see module
-    docstring), in reverse order."""
-    if bucket_elements < 1:
-        raise ValueError(f"bucket_elements={bucket_elements} must be >= 1")
-    buckets: list[list[nn.Parameter]] = []
-    size = 0
-    for p in reversed(list(params)):
-        if not buckets or size + p.numel() > bucket_elements:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(p)
-        size += p.numel()
-    return buckets
+def padded_size(numel: int, multiple: int) -> int:
+    """``numel`` rounded up to a multiple of ``multiple``."""
+    return -(-numel // multiple) * multiple
 
 
-def _flat_grad(bucket: Sequence[nn.Parameter], padded: int) -> torch.Tensor:
-    grads = [torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1)
-             for p in bucket]
-    flat = torch.cat(grads)
-    return nn.functional.pad(flat, (0, padded - flat.numel()))
+def bucket_bounds(numel: int, bucket_elements: int, multiple: int = 1) -> list[tuple[int, int]]:
+    """``(start, end)`` element ranges of the buckets of a flat buffer of ``numel`` elements
+    padded to a multiple of ``multiple`` (see the module docstring); every range's length is
+    a multiple of ``multiple``."""
+    if bucket_elements < 1 or multiple < 1:
+        raise ValueError(f"bucket_elements={bucket_elements} and multiple={multiple} must be "
+                         ">= 1")
+    total = padded_size(numel, multiple)
+    size = max(multiple, bucket_elements // multiple * multiple)
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
 
 
-def _scatter_back(flat: torch.Tensor, bucket: Sequence[nn.Parameter], attr: str) -> None:
-    """Copy consecutive slices of ``flat`` into each parameter's ``.grad`` or ``.data``."""
-    offset = 0
-    for p in bucket:
-        piece = flat[offset:offset + p.numel()].view_as(p)
-        if attr == "grad":
-            p.grad = piece.clone()
-        else:
-            p.data.copy_(piece)
-        offset += p.numel()
+class FlatGroup:
+    """A group of parameters seen as one flat, padded buffer (reverse parameter order).
+
+    Args:
+        params: the parameters (any order; the buffer holds them reversed).
+        bucket_elements: elements per bucket (rounded down to ``multiple``).
+        multiple: the buffer is zero-padded to a multiple of this.
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter], bucket_elements: int,
+                 multiple: int = 1) -> None:
+        self.params = list(reversed(list(params)))
+        self.numel = sum(p.numel() for p in self.params)
+        self.padded = padded_size(self.numel, multiple)
+        self.bounds = bucket_bounds(self.numel, bucket_elements, multiple)
+
+    def flat(self, attr: str) -> torch.Tensor:
+        """The parameters' ``.grad`` (zeros where None) or ``.data``, flattened and padded."""
+        pieces = [(p.grad if p.grad is not None else torch.zeros_like(p)) if attr == "grad"
+                  else p.detach() for p in self.params]
+        flat = torch.cat([x.reshape(-1) for x in pieces]) if pieces else torch.zeros(0)
+        return nn.functional.pad(flat, (0, self.padded - flat.numel()))
+
+    def scatter(self, flat: torch.Tensor, attr: str) -> None:
+        """Copy consecutive slices of ``flat`` into each parameter's ``.grad`` or ``.data``."""
+        offset = 0
+        for p in self.params:
+            piece = flat[offset:offset + p.numel()].view_as(p)
+            if attr == "grad":
+                p.grad = piece.clone()
+            else:
+                with torch.no_grad():
+                    p.data.copy_(piece)
+            offset += p.numel()
 
 
-def all_reduce_gradients(buckets: Sequence[Sequence[nn.Parameter]], comm: Comm,
-                         group: dist.ProcessGroup, divisor: int) -> None:
-    """Sum every bucket's gradients over ``group`` (one all-reduce per bucket; none for a group
+def all_reduce_gradients(group_params: FlatGroup, comm: Comm, group: dist.ProcessGroup,
+                         divisor: int) -> None:
+    """Sum the group's gradients over ``group`` (one all-reduce per bucket; none for a group
     of one rank) and divide by ``divisor``."""
-    for bucket in buckets:
-        flat = _flat_grad(bucket, sum(p.numel() for p in bucket))
-        comm.all_reduce(flat, group)
-        _scatter_back(flat / divisor, bucket, "grad")
+    if not group_params.params:
+        return
+    flat = group_params.flat("grad")
+    for start, end in group_params.bounds:
+        comm.all_reduce(flat[start:end], group)  # a view: reduced in place
+    group_params.scatter(flat / divisor, "grad")
 
 
 class ZeroOneOptimizer:
-    """ZeRO-1 over ``group``: this rank owns shard ``rank`` of every (padded) bucket.
+    """ZeRO-1 over ``group``: this rank owns chunk ``rank`` of every bucket of the flat
+    buffer (padded to a multiple of the group size).
 
     Args:
-        buckets: parameter buckets (from ``make_buckets``).
+        params: the parameters whose optimizer states are sharded.
+        bucket_elements: elements per bucket.
         comm: counting communicator.
         group: the data-parallel group the optimizer states are sharded over.
         divisor: what the summed gradients are divided by (the dp degree).
         make_optimizer: builds a torch optimizer over a list of shard tensors.
     """
 
-    def __init__(self, buckets: Sequence[Sequence[nn.Parameter]], comm: Comm,
+    def __init__(self, params: Sequence[nn.Parameter], bucket_elements: int, comm: Comm,
                  group: dist.ProcessGroup, divisor: int,
                  make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]) -> None:
-        self.buckets, self.comm, self.group, self.divisor = buckets, comm, group, divisor
+        self.comm, self.group, self.divisor = comm, group, divisor
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.padded = [-(-sum(p.numel() for p in b) // self.n) * self.n for b in buckets]
-        self.shards: list[torch.Tensor] = []
-        with torch.no_grad():
-            for bucket, padded in zip(buckets, self.padded, strict=True):
-                flat = torch.cat([p.detach().reshape(-1) for p in bucket])
-                flat = nn.functional.pad(flat, (0, padded - flat.numel()))
-                shard = flat.chunk(self.n)[self.rank].clone()
-                self.shards.append(shard.requires_grad_())
+        self.flat_group = FlatGroup(params, bucket_elements, self.n)
+        flat = self.flat_group.flat("data")
+        self.shards = [flat[s:e].chunk(self.n)[self.rank].clone().requires_grad_()
+                       for s, e in self.flat_group.bounds]
         self.optimizer = make_optimizer(self.shards)
 
     def reduce_scatter_gradients(self) -> None:
-        """Reduce-scatter every bucket's gradients into this rank's shard's ``.grad``."""
-        for bucket, padded, shard in zip(self.buckets, self.padded, self.shards, strict=True):
-            flat = _flat_grad(bucket, padded)
-            shard.grad = self.comm.reduce_scatter(flat, self.group) / self.divisor
+        """Reduce-scatter every bucket's gradients into this rank's chunk's ``.grad``."""
+        flat = self.flat_group.flat("grad")
+        for (start, end), shard in zip(self.flat_group.bounds, self.shards, strict=True):
+            shard.grad = self.comm.reduce_scatter(flat[start:end], self.group) / self.divisor
 
     def step(self) -> None:
-        """Step the sharded optimizer, then all-gather the updated shards into the params."""
+        """Step the sharded optimizer, then all-gather the updated chunks into the params."""
         self.optimizer.step()
         with torch.no_grad():
-            for bucket, shard in zip(self.buckets, self.shards, strict=True):
-                _scatter_back(self.comm.all_gather(shard.detach(), self.group), bucket, "data")
+            gathered = [self.comm.all_gather(shard.detach(), self.group) for shard in self.shards]
+            self.flat_group.scatter(torch.cat(gathered), "data")
 
     def zero_grad(self) -> None:
         """Drop the shard gradients (the parameters' ``.grad`` are the caller's)."""
@@ -123,5 +143,5 @@ class ZeroOneOptimizer:
     def gather_gradients_for_test(self) -> None:
         """Write the full reduced gradients into every parameter's ``.grad`` with an
         UNCOUNTED all-gather (a test aid; not training traffic)."""
-        for bucket, shard in zip(self.buckets, self.shards, strict=True):
-            _scatter_back(uncounted_all_gather(shard.grad, self.group), bucket, "grad")
+        full = [uncounted_all_gather(shard.grad, self.group) for shard in self.shards]
+        self.flat_group.scatter(torch.cat(full), "grad")

@@ -33,9 +33,9 @@ import torch.distributed as dist
 from paraplan.executor.comm import Comm, uncounted_all_gather
 from paraplan.executor.data_parallel import (
     DEFAULT_BUCKET_ELEMENTS,
+    FlatGroup,
     ZeroOneOptimizer,
     all_reduce_gradients,
-    make_buckets,
 )
 from paraplan.executor.grid import ProcessGrid
 from paraplan.executor.model import ReferenceGPT, TinyGPTConfig
@@ -76,8 +76,13 @@ def parse_plan(plan: dict[str, Any], world_size: int) -> ExecPlan:
     if schedule not in ("gpipe", "afab", "1f1b"):
         raise ValueError(f"plan.schedule={schedule!r} is not supported by the executor; use "
                          f"'gpipe' (= 'afab') or '1f1b'")
+    cf = plan.get("moe_capacity_factor")
+    if cf is not None and float(cf) != float(ep):
+        raise ValueError(f"plan.moe_capacity_factor={cf} is not supported by the executor, "
+                         f"which pads every all-to-all to ep={ep} (no token is dropped); "
+                         f"use {ep} or leave it out")
     known = {"tp", "pp", "dp", "ep", "sequence_parallel", "zero_stage", "micro_batch_size",
-             "schedule", "layers_per_stage", *_MUST_BE_ONE}
+             "schedule", "layers_per_stage", "moe_capacity_factor", *_MUST_BE_ONE}
     return ExecPlan(tp, pp, int(dp), ep, bool(plan.get("sequence_parallel", False)), zero,
                     int(plan.get("micro_batch_size", 1)), schedule,
                     plan.get("layers_per_stage"), tuple(sorted(set(plan) - known)))
@@ -203,13 +208,15 @@ def train_worker(rank: int, world_size: int, config: dict[str, Any]) -> dict[str
     stage.load_reference(ReferenceGPT(cfg).state_dict())
     stage.to(device)
     named = list(stage.named_parameters())
-    dense = make_buckets([p for n, p in named if ".experts." not in n], opts["bucket"])
-    expert = make_buckets([p for n, p in named if ".experts." in n], opts["bucket"])
-    tp_partial = (make_buckets(stage.tp_replicated_parameters(), opts["bucket"])
-                  if plan.sequence_parallel and plan.tp > 1 else [])
-    zeros = [ZeroOneOptimizer(b, comm, g, plan.dp, opts["make_opt"])
-             for b, g in ((dense, grid.dp_group), (expert, grid.edp_group)) if b
-             ] if plan.zero_stage else []
+    dense_params = [p for n, p in named if ".experts." not in n]
+    expert_params = [p for n, p in named if ".experts." in n]
+    dense = FlatGroup(dense_params, opts["bucket"])
+    expert = FlatGroup(expert_params, opts["bucket"])
+    tp_partial = FlatGroup(stage.tp_replicated_parameters()
+                           if plan.sequence_parallel and plan.tp > 1 else [], opts["bucket"])
+    zeros = [ZeroOneOptimizer(ps, opts["bucket"], comm, g, plan.dp, opts["make_opt"])
+             for ps, g in ((dense_params, grid.dp_group), (expert_params, grid.edp_group))
+             if ps] if plan.zero_stage else []
     steppers = zeros or [opts["make_opt"]([p for _, p in named])]
     m = batch // (plan.micro_batch_size * plan.dp)
     s_local = cfg.seq_len // plan.tp if plan.sequence_parallel else cfg.seq_len

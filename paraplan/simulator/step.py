@@ -173,6 +173,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
         a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
+        a2a *= plan.moe_capacity_factor or 1.0  # padded to capacity (None: dropless)
         ep_group = on(tuple(plan.expert_tp * j for j in range(plan.ep)))
         ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
     return LayerParts(lt, tp_c, cp_c, ep_c)

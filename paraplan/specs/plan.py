@@ -35,6 +35,10 @@ class ParallelPlan(StrictModel):
     """Tensor parallel degree inside experts; None = tp (Megatron's default)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (norm/dropout activations split over tp)."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0, le=1_000)
+    """MoE all-to-all buffers padded to this multiple of the mean routed rows (Megatron-Core
+    --moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity; paraplan's executor
+    pads to ep, so no token is ever dropped). None = dropless: exactly the routed rows."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """ZeRO: 1 shards optimizer states, 2 also gradients, 3 also weights (FSDP), over dp."""
     micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
