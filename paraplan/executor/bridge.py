@@ -65,12 +65,13 @@ def config_from_model_spec(spec: ModelSpec, seq_len: int, seed: int = 0) -> Tiny
 
 
 def training_spec(config: dict[str, Any]) -> TrainingSpec:
-    """The ``TrainingSpec`` of a ``train_worker`` config: fp32, eager kernels, no fused
-    (flash) attention kernel assumed, the config's optimizer."""
+    """The ``TrainingSpec`` of a ``train_worker`` config: fp32, eager kernels, fused attention
+    (``scaled_dot_product_attention`` runs a flash kernel on CPU and on GPU, keeping no
+    s x s scores), the config's optimizer."""
     optimizer = config.get("optimizer", "adamw")
     return TrainingSpec(global_batch_size=int(config["global_batch_size"]),
                         seq_len=int(config["model"]["seq_len"]), precision="fp32",
-                        optimizer=optimizer, master_weights=False, flash_attention=False,
+                        optimizer=optimizer, master_weights=False, flash_attention=True,
                         kernels="eager")
 
 

@@ -6,6 +6,12 @@ same time (as the executor's ranks do, ``threads`` torch threads each):
 - fp32 GEMM throughput (``torch.matmul``) on an m x n x k grid of sizes, median of repeats
   after a warm-up, per rank while every rank multiplies at once;
 - memory bandwidth: a large tensor copy, (bytes read + bytes written) / seconds, per rank;
+- fused attention (``scaled_dot_product_attention``, causal) forward and backward, as the
+  fraction of the GEMM peak it reaches under the simulator's FLOP accounting (forward
+  ``0.5 * 4 b s^2 a d``, backward 2.5x that: ``paraplan.simulator.compute.layer_times``);
+- eager elementwise kernels of a GPT layer (two LayerNorms, two residual adds, GELU, forward
+  and backward), as the fraction of the copy bandwidth they reach under the simulator's byte
+  accounting (``elementwise_bytes_per_token``);
 - gloo collectives (all_reduce, all_gather, all_to_all, p2p send/recv) at several sizes,
   each fitted to the simulator's ring alpha-beta model (``fit_alpha_beta``).
 
@@ -37,6 +43,9 @@ COLLECTIVE_KINDS = ("all_reduce", "all_gather", "all_to_all", "p2p")
 KiB, MiB = 1024, 1024 * 1024
 # Sizes (GEMM: matrix dims; memory and collectives: bytes), repeats, and seconds of
 # back-to-back collectives per timing trial.
+# Attention shapes (batch, heads, seq, head_dim) and elementwise shapes (tokens, hidden, ffn).
+ATTENTION_SHAPES = [(2, 4, 256, 64), (1, 8, 512, 64)]
+ELEMENTWISE_SHAPES = [(512, 256, 1024), (1024, 512, 2048)]
 QUICK = {"gemm_sizes": [256, 512, 1024, 2048], "gemm_repeats": 3, "mem_bytes": 256 * MiB,
          "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB],
          "comm_trial_s": 0.02, "comm_trials": 3}
@@ -102,6 +111,57 @@ def _gemm_seconds(m: int, n: int, k: int, repeats: int) -> float:
     return _median_time(lambda: torch.matmul(a, b, out=out), repeats)
 
 
+def attention_flops(b: int, heads: int, s: int, d: int) -> tuple[float, float]:
+    """(forward, backward) FLOPs of causal fused attention as the simulator counts them:
+    half of ``4 b s^2 a d`` forward, 2.5x the forward backward (FlashAttention-2 sec 4.1)."""
+    fwd = 0.5 * 4.0 * b * s * s * heads * d
+    return fwd, 2.5 * fwd
+
+
+def _attention_seconds(b: int, heads: int, s: int, d: int, repeats: int) -> tuple[float, float]:
+    """(forward, backward) seconds of causal ``scaled_dot_product_attention`` in fp32."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) for _ in range(3))
+    fwd = _median_time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                       repeats)
+    grad = torch.randn(b, heads, s, d)
+
+    def both() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    return fwd, max(1e-9, _median_time(both, repeats) - fwd)
+
+
+def elementwise_bytes(tokens: int, hidden: int, ffn: int) -> float:
+    """Bytes the simulator counts for one layer's eager fp32 elementwise ops, forward plus
+    backward (2x forward): two LayerNorms (4 B/element), two residual adds (6) and GELU (4)
+    at 16-bit sizes, doubled for fp32 (``elementwise_bytes_per_token``)."""
+    per_token = (2 * 4.0 + 2 * 6.0) * hidden + 4.0 * ffn
+    return 3.0 * tokens * per_token * 2.0
+
+
+def _elementwise_seconds(tokens: int, hidden: int, ffn: int, repeats: int) -> float:
+    """Seconds of those ops (fp32, eager), forward and backward."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(tokens, hidden, requires_grad=True)
+    u = torch.randn(tokens, ffn, requires_grad=True)
+    w, bias = torch.ones(hidden, requires_grad=True), torch.zeros(hidden, requires_grad=True)
+
+    def layer() -> None:
+        a = F.layer_norm(x, (hidden,), w, bias)
+        y = x + a
+        c = F.layer_norm(y, (hidden,), w, bias)
+        z = y + c
+        g = F.gelu(u)
+        torch.autograd.backward([z, g], [torch.ones_like(z), torch.ones_like(g)])
+
+    return _median_time(layer, repeats)
+
+
 def _comm_op(kind: str, elems: int, rank: int, world: int) -> Callable[[], object] | None:
     """The timed operation on ``elems`` fp32 elements (None: this rank sits it out)."""
     import torch
@@ -160,6 +220,18 @@ def calibration_worker(rank: int, world_size: int, config: dict) -> dict:
     dist.barrier()
     out["memory_seconds"] = _median_time(lambda: dst.copy_(src), config["mem_repeats"])
     src = dst = None  # free them before the collectives
+    out["attention"] = []
+    for b, heads, s, d in ATTENTION_SHAPES:
+        dist.barrier()
+        fwd, bwd = _attention_seconds(b, heads, s, d, config["gemm_repeats"])
+        out["attention"].append({"b": b, "heads": heads, "s": s, "d": d,
+                                 "forward_seconds": fwd, "backward_seconds": bwd})
+    out["elementwise"] = []
+    for tokens, hidden, ffn in ELEMENTWISE_SHAPES:
+        dist.barrier()
+        out["elementwise"].append({"tokens": tokens, "hidden": hidden, "ffn": ffn,
+                                   "seconds": _elementwise_seconds(tokens, hidden, ffn,
+                                                                   config["gemm_repeats"])})
     for kind in config["kinds"] if world_size > 1 else ():
         for nbytes in config["comm_sizes"]:
             elems = max(world_size, nbytes // 4 // world_size * world_size)
@@ -249,6 +321,22 @@ def calibrate(*, quick: bool = False, nproc: int = 2, threads: int = 1,
         gemm.append({**{k: cell[k] for k in "mnk"}, "seconds": sec,
                      "tflops": 2.0 * cell["m"] * cell["n"] * cell["k"] / sec / 1e12})
     mem_s = statistics.median(r["memory_seconds"] for r in ranks)
+    attention = []
+    for i, shape in enumerate(ranks[0]["attention"]):
+        fwd = statistics.median(r["attention"][i]["forward_seconds"] for r in ranks)
+        bwd = statistics.median(r["attention"][i]["backward_seconds"] for r in ranks)
+        f_flops, b_flops = attention_flops(shape["b"], shape["heads"], shape["s"], shape["d"])
+        attention.append({**{k: shape[k] for k in ("b", "heads", "s", "d")},
+                          "forward_seconds": fwd, "backward_seconds": bwd,
+                          "forward_tflops": f_flops / fwd / 1e12,
+                          "backward_tflops": b_flops / bwd / 1e12})
+    elementwise = []
+    for i, shape in enumerate(ranks[0]["elementwise"]):
+        sec = statistics.median(r["elementwise"][i]["seconds"] for r in ranks)
+        nbytes = elementwise_bytes(shape["tokens"], shape["hidden"], shape["ffn"])
+        elementwise.append({**{k: shape[k] for k in ("tokens", "hidden", "ffn")},
+                            "seconds": sec, "bytes_counted": nbytes,
+                            "bandwidth_Bps": nbytes / sec})
     samples: dict[tuple[str, int], float] = {}
     for r in ranks:
         for c in r["comm"]:
@@ -268,6 +356,7 @@ def calibrate(*, quick: bool = False, nproc: int = 2, threads: int = 1,
         "gemm_solo": solo,
         "memory": {"bytes_moved": 2 * cfg["mem_bytes"], "seconds": mem_s,
                    "bandwidth_Bps": 2 * cfg["mem_bytes"] / mem_s},
+        "attention": attention, "elementwise": elementwise,
         "collectives": {"world_size": nproc, "samples": comm, "fits": fits},
         "elapsed_s": time.perf_counter() - started,
     }
@@ -335,16 +424,31 @@ def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
                  + sizes.index(top)]
     mem_GBps = measurements["memory"]["bandwidth_Bps"] / 1e9
     threads = measurements.get("threads_per_rank", 1)
+    # Fused attention and eager elementwise kernels: medians over the measured shapes, as
+    # fractions of the GEMM peak and of the copy bandwidth (capped at 1).
+    attn = measurements.get("attention") or []
+    eff_f = eff_b = None
+    if attn:
+        eff_f = min(1.0, statistics.median(a["forward_tflops"] for a in attn) / peak)
+        eff_b = min(1.0, statistics.median(a["backward_tflops"] for a in attn) / peak)
+    elem = measurements.get("elementwise") or []
+    mem_eff = 1.0
+    if elem:
+        achieved = statistics.median(e["bandwidth_Bps"] for e in elem) / 1e9
+        mem_eff = min(1.0, achieved / mem_GBps)
     gpu = {
         "name": f"{name}-cpu-rank", "display_name": f"{machine['cpu']} ({threads} thread(s))",
         "vendor": "other", "architecture": "cpu",
         "memory_GiB": _sig(machine["memory_bytes"] / nproc / 2**30, 4),
-        "memory_bandwidth_GBps": _sig(mem_GBps), "memory_bandwidth_efficiency": 1.0,
+        "memory_bandwidth_GBps": _sig(mem_GBps),
+        "memory_bandwidth_efficiency": _sig(mem_eff, 4),
         "peak_tflops": {"fp32": _sig(peak)}, "matmul_efficiency": _sig(min(1.0, large / peak)),
         "gemm_table": {"name": f"{name}-fp32", "reference_peak_tflops": _sig(peak),
                        "m": list(sizes), "n": list(sizes), "k": list(sizes),
                        "tflops": [_sig(t) for t in grid],
                        "sources": ["paraplan calibrate (torch.matmul fp32, all ranks at once)"]},
+        **({"attention_efficiency_fwd": _sig(eff_f, 4),
+            "attention_efficiency_bwd": _sig(eff_b, 4)} if attn else {}),
         "form_factor": "other",
         "notes": (f"Measured by paraplan calibrate on {measurements.get('date', '?')}: "
                   f"{nproc} ranks x {threads} torch thread(s) at once on {machine['cores']} "

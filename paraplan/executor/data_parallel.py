@@ -53,49 +53,78 @@ def bucket_bounds(numel: int, bucket_elements: int, multiple: int = 1) -> list[t
 class FlatGroup:
     """A group of parameters seen as one flat, padded buffer (reverse parameter order).
 
+    With ``grad_views`` the group owns a gradient buffer and every parameter's ``.grad`` is a
+    view into it (PyTorch DDP's ``gradient_as_bucket_view``, Megatron's ``main_grad``):
+    backward accumulates straight into the buffer and the collectives run on its buckets in
+    place, with no copies. Call ``zero_grad`` before each step's first backward.
+
     Args:
         params: the parameters (any order; the buffer holds them reversed).
         bucket_elements: elements per bucket (rounded down to ``multiple``).
         multiple: the buffer is zero-padded to a multiple of this.
+        grad_views: keep a gradient buffer whose views are the parameters' ``.grad``.
     """
 
     def __init__(self, params: Sequence[nn.Parameter], bucket_elements: int,
-                 multiple: int = 1) -> None:
+                 multiple: int = 1, grad_views: bool = False) -> None:
         self.params = list(reversed(list(params)))
         self.numel = sum(p.numel() for p in self.params)
         self.padded = padded_size(self.numel, multiple)
         self.bounds = bucket_bounds(self.numel, bucket_elements, multiple)
+        device = self.params[0].device if self.params else None
+        self.grad_buffer = torch.zeros(self.padded, device=device) if grad_views else None
+
+    def zero_grad(self) -> None:
+        """Zero the gradient buffer and (re)make every ``.grad`` a view into it."""
+        if self.grad_buffer is None:
+            for p in self.params:
+                p.grad = None
+            return
+        self.grad_buffer.zero_()
+        offset = 0
+        for p in self.params:
+            p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
 
     def flat(self, attr: str) -> torch.Tensor:
-        """The parameters' ``.grad`` (zeros where None) or ``.data``, flattened and padded."""
+        """The parameters' ``.grad`` (zeros where None) or ``.data``, flattened and padded
+        (the gradient buffer itself, not a copy, when the grads are views into it)."""
+        if attr == "grad" and self.grad_buffer is not None:
+            return self.grad_buffer
         pieces = [(p.grad if p.grad is not None else torch.zeros_like(p)) if attr == "grad"
                   else p.detach() for p in self.params]
         flat = torch.cat([x.reshape(-1) for x in pieces]) if pieces else torch.zeros(0)
         return nn.functional.pad(flat, (0, self.padded - flat.numel()))
 
     def scatter(self, flat: torch.Tensor, attr: str) -> None:
-        """Copy consecutive slices of ``flat`` into each parameter's ``.grad`` or ``.data``."""
+        """Copy consecutive slices of ``flat`` into each parameter's ``.grad`` (in place when
+        it exists, so views stay views) or ``.data``."""
         offset = 0
-        for p in self.params:
-            piece = flat[offset:offset + p.numel()].view_as(p)
-            if attr == "grad":
-                p.grad = piece.clone()
-            else:
-                with torch.no_grad():
+        with torch.no_grad():
+            for p in self.params:
+                piece = flat[offset:offset + p.numel()].view_as(p)
+                if attr != "grad":
                     p.data.copy_(piece)
-            offset += p.numel()
+                elif p.grad is None:
+                    p.grad = piece.clone()
+                else:
+                    p.grad.copy_(piece)
+                offset += p.numel()
 
 
 def all_reduce_gradients(group_params: FlatGroup, comm: Comm, group: dist.ProcessGroup,
                          divisor: int) -> None:
-    """Sum the group's gradients over ``group`` (one all-reduce per bucket; none for a group
-    of one rank) and divide by ``divisor``."""
-    if not group_params.params:
+    """Sum the group's gradients over ``group`` (one all-reduce per bucket) and divide by
+    ``divisor``; nothing at all for a group of one rank with ``divisor`` 1."""
+    if not group_params.params or (dist.get_world_size(group) == 1 and divisor == 1):
         return
     flat = group_params.flat("grad")
     for start, end in group_params.bounds:
         comm.all_reduce(flat[start:end], group)  # a view: reduced in place
-    group_params.scatter(flat / divisor, "grad")
+    if group_params.grad_buffer is not None:
+        flat.div_(divisor)  # the .grad views see it
+    else:
+        group_params.scatter(flat / divisor, "grad")
 
 
 class ZeroOneOptimizer:
@@ -103,20 +132,23 @@ class ZeroOneOptimizer:
     buffer (padded to a multiple of the group size).
 
     Args:
-        params: the parameters whose optimizer states are sharded.
-        bucket_elements: elements per bucket.
+        flat_group: the parameters whose optimizer states are sharded, as a flat buffer
+            padded to a multiple of the group size.
         comm: counting communicator.
         group: the data-parallel group the optimizer states are sharded over.
         divisor: what the summed gradients are divided by (the dp degree).
         make_optimizer: builds a torch optimizer over a list of shard tensors.
     """
 
-    def __init__(self, params: Sequence[nn.Parameter], bucket_elements: int, comm: Comm,
-                 group: dist.ProcessGroup, divisor: int,
+    def __init__(self, flat_group: FlatGroup, comm: Comm, group: dist.ProcessGroup,
+                 divisor: int,
                  make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]) -> None:
         self.comm, self.group, self.divisor = comm, group, divisor
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.flat_group = FlatGroup(params, bucket_elements, self.n)
+        if flat_group.padded % self.n:
+            raise ValueError(f"ZeRO-1 needs the flat buffer padded to a multiple of the group "
+                             f"size {self.n}; it has {flat_group.padded} elements")
+        self.flat_group = flat_group
         flat = self.flat_group.flat("data")
         self.shards = [flat[s:e].chunk(self.n)[self.rank].clone().requires_grad_()
                        for s, e in self.flat_group.bounds]

@@ -44,13 +44,18 @@ class _TPRegion(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, comm: Comm, group: dist.ProcessGroup, enter: bool,
                 sp: bool) -> torch.Tensor:
         ctx.comm, ctx.group, ctx.enter, ctx.sp = comm, group, enter, sp
+        ctx.alone = dist.get_world_size(group) == 1
+        if ctx.alone or (enter and not sp):  # identity (Megatron's copy_to_region)
+            return x.view_as(x)
         if enter:
-            return comm.all_gather(x, group, dim=1) if sp else x.clone()
+            return comm.all_gather(x, group, dim=1)
         return comm.reduce_scatter(x, group, dim=1) if sp else comm.all_reduce(x.clone(), group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         comm, group = ctx.comm, ctx.group
+        if ctx.alone:
+            return grad, None, None, None, None
         if ctx.enter:
             grad = (comm.reduce_scatter(grad, group, dim=1) if ctx.sp
                     else comm.all_reduce(grad.clone(), group))

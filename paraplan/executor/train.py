@@ -119,11 +119,21 @@ def synthetic_batch(cfg: TinyGPTConfig, global_batch_size: int, step: int,
 
 def make_optimizer(name: str, lr: float) -> Callable[[list], torch.optim.Optimizer]:
     """An optimizer factory (``"adamw"``: torch AdamW defaults; ``"sgd"``: plain SGD)."""
-    if name == "adamw":
-        return lambda params: torch.optim.AdamW(params, lr=lr)
+    if name == "adamw":  # the fused kernel (one pass, as Apex FusedAdam) where torch has it
+        return lambda params: torch.optim.AdamW(params, lr=lr, fused=_fused_ok(params))
     if name == "sgd":
         return lambda params: torch.optim.SGD(params, lr=lr)
     raise ValueError(f"optimizer={name!r} is not one of 'adamw', 'sgd'")
+
+
+def _fused_ok(params: list) -> bool:
+    """Whether ``torch.optim.AdamW(fused=True)`` supports these tensors' device."""
+    device = params[0].device.type if params else "cpu"
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:  # pragma: no cover - older torch
+        return device == "cuda"
+    return device in _get_fused_kernels_supported_devices()
 
 
 def _options(config: dict[str, Any]) -> dict[str, Any]:
@@ -210,13 +220,14 @@ def train_worker(rank: int, world_size: int, config: dict[str, Any]) -> dict[str
     named = list(stage.named_parameters())
     dense_params = [p for n, p in named if ".experts." not in n]
     expert_params = [p for n, p in named if ".experts." in n]
-    dense = FlatGroup(dense_params, opts["bucket"])
-    expert = FlatGroup(expert_params, opts["bucket"])
+    pad = (lambda g: dist.get_world_size(g)) if plan.zero_stage else (lambda g: 1)
+    dense = FlatGroup(dense_params, opts["bucket"], pad(grid.dp_group), grad_views=True)
+    expert = FlatGroup(expert_params, opts["bucket"], pad(grid.edp_group), grad_views=True)
     tp_partial = FlatGroup(stage.tp_replicated_parameters()
                            if plan.sequence_parallel and plan.tp > 1 else [], opts["bucket"])
-    zeros = [ZeroOneOptimizer(ps, opts["bucket"], comm, g, plan.dp, opts["make_opt"])
-             for ps, g in ((dense_params, grid.dp_group), (expert_params, grid.edp_group))
-             if ps] if plan.zero_stage else []
+    zeros = [ZeroOneOptimizer(fg, comm, g, plan.dp, opts["make_opt"])
+             for fg, g in ((dense, grid.dp_group), (expert, grid.edp_group))
+             if fg.params] if plan.zero_stage else []
     steppers = zeros or [opts["make_opt"]([p for _, p in named])]
     m = batch // (plan.micro_batch_size * plan.dp)
     s_local = cfg.seq_len // plan.tp if plan.sequence_parallel else cfg.seq_len
@@ -230,8 +241,8 @@ def train_worker(rank: int, world_size: int, config: dict[str, Any]) -> dict[str
         rows = slice(grid.dp_rank * batch // plan.dp, (grid.dp_rank + 1) * batch // plan.dp)
         mbs = list(zip(tokens[rows].to(device).split(plan.micro_batch_size),
                        targets[rows].to(device).split(plan.micro_batch_size), strict=True))
-        for _, p in named:
-            p.grad = None
+        dense.zero_grad()
+        expert.zero_grad()
         loss = run_schedule(plan.schedule, stage, mbs, comm, act_shape, phase)
         t0 = time.perf_counter()
         all_reduce_gradients(tp_partial, comm, grid.tp_group, 1)  # SP: sum partial grads

@@ -131,7 +131,8 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     writes a 1-byte mask too. Eager PyTorch (torchtitan without compile): RMSNorm in fp32
     (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
     complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
-    native kernels either way.
+    native kernels either way. Counts are for 16-bit elements and scale with the element
+    size (fp32 training: x2).
     """
     h = model.hidden_size
     t = plan.tp
@@ -149,7 +150,8 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     per_token += act * ffn / etp
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
-    return per_token
+    # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
+    return per_token * training.compute_bytes / 2
 
 
 @dataclass(frozen=True)
