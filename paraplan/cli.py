@@ -648,6 +648,12 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
                       f"{r['reason']}")
 
 
+# ---- run, calibrate, validate-executor (paraplan/cli_executor.py) ---------------------------
+from paraplan.cli_executor import register as _register_executor  # noqa: E402
+
+_register_executor(app, Format, FormatOpt, emit_json)
+
+
 # ---- entry point -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: map bad input to exit 2 with one line, crashes to exit 1."""
