@@ -32,6 +32,6 @@ def run_distributed(world_size: int, configs: list[dict[str, Any]],
     (one spawn amortises the torch import). Returns ``results[config][rank]``."""
     workdir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_worker, args=(world_size, str(workdir), configs), nprocs=world_size, join=True)
-    per_rank = [torch.load(workdir / f"rank{r}.pt", weights_only=False)
+    per_rank = [torch.load(workdir / f"rank{r}.pt", weights_only=True)
                 for r in range(world_size)]
     return [[per_rank[r][i] for r in range(world_size)] for i in range(len(configs))]

@@ -8,8 +8,10 @@ moral equivalent of the "spawn" start method: nothing is forked), each of which
 2. joins a process group: backend ``"gloo"`` on CPU, ``"nccl"`` when ``backend`` is None and
    CUDA has a device per rank (rank r uses ``cuda:r``); rendezvous through a FileStore in a
    private temp dir, or ``tcp://127.0.0.1:master_port`` when a port is given,
-3. calls ``fn(rank, world_size, config)``, which returns a picklable dict,
-4. writes the result atomically to the temp dir, destroys the process group and exits.
+3. calls ``fn(rank, world_size, config)``, which returns a dict of plain data and tensors,
+4. writes the result atomically to the temp dir (``torch.save``; the parent reads it back
+   with ``torch.load(weights_only=True)``, so nothing but data is ever unpickled), destroys
+   the process group and exits. The run's spec and any error go through JSON.
 
 ``fn`` must be importable by qualified name in a fresh interpreter: a top-level function of an
 importable module (not ``__main__``, not a lambda or closure); ``"package.module:function"``
@@ -28,8 +30,8 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import json
 import os
-import pickle
 import shutil
 import signal
 import subprocess
@@ -95,10 +97,22 @@ def default_backend(nproc: int) -> str:
 
 
 def _dump_atomic(obj: Any, path: Path) -> None:
+    """Write ``obj`` atomically: JSON for ``*.json``, else ``torch.save`` (data only)."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        pickle.dump(obj, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(obj), encoding="utf-8")
+    else:
+        import torch
+
+        torch.save(obj, tmp)
     os.replace(tmp, path)
+
+
+def _load_result(path: Path) -> Any:
+    """A worker's result: tensors and plain data only (``weights_only=True``)."""
+    import torch
+
+    return torch.load(path, weights_only=True)
 
 
 def _threads(config: Any, num_threads: int | None = None) -> int:
@@ -124,8 +138,7 @@ def _worker_main(workdir: str, rank: int) -> None:
     """Body of one launched worker process (see the module docstring)."""
     root = Path(workdir)
     try:
-        with open(root / "spec.pkl", "rb") as fh:
-            spec = pickle.load(fh)
+        spec = json.loads((root / "spec.json").read_text(encoding="utf-8"))
         import torch
         import torch.distributed as dist
 
@@ -134,7 +147,7 @@ def _worker_main(workdir: str, rank: int) -> None:
         _init_group(spec["backend"], rank, spec["world_size"], rank, spec["init_method"],
                     spec["pg_timeout_s"])
         result = fn(rank, spec["world_size"], spec["config"])
-        _dump_atomic(result, root / f"result{rank}.pkl")
+        _dump_atomic(result, root / f"result{rank}.pt")
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         frames = traceback.extract_tb(exc.__traceback__)
@@ -143,7 +156,7 @@ def _worker_main(workdir: str, rank: int) -> None:
                   "traceback": traceback.format_exc(), "time": time.time(),
                   "in_distributed": f"torch{os.sep}distributed" in inner}
         try:
-            _dump_atomic(record, root / f"error{rank}.pkl")
+            _dump_atomic(record, root / f"error{rank}.json")
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -185,11 +198,10 @@ def _crash_error(root: Path, failed: dict[int, tuple[int, float]],
     """
     reports = []
     for rank, (code, seen) in failed.items():
-        path = root / f"error{rank}.pkl"
+        path = root / f"error{rank}.json"
         record = None
         if path.is_file():
-            with open(path, "rb") as fh:
-                record = pickle.load(fh)
+            record = json.loads(path.read_text(encoding="utf-8"))
         secondary = bool(record and record.get("in_distributed"))
         reports.append((secondary, record["time"] if record else seen, rank, code, record))
     reports.sort(key=lambda r: r[:3])
@@ -217,9 +229,10 @@ def launch(fn: WorkerFn | str, nproc: int, config: dict, *, timeout_s: float = 3
     """Run ``fn(rank, nproc, config)`` in ``nproc`` local processes; results ordered by rank.
 
     Args:
-        fn: top-level function (or ``"module:function"``) returning a picklable dict.
+        fn: top-level function (or ``"module:function"``) returning a dict of plain data
+            and tensors.
         nproc: number of ranks (world size), >= 1.
-        config: picklable mapping passed to every rank.
+        config: JSON-serialisable mapping passed to every rank.
         timeout_s: wall-clock limit for the whole run, seconds (process start included).
         backend: ``"gloo"``, ``"nccl"``, or None for ``default_backend(nproc)``.
         master_port: rendezvous on ``tcp://127.0.0.1:master_port``; None = a FileStore.
@@ -243,7 +256,7 @@ def launch(fn: WorkerFn | str, nproc: int, config: dict, *, timeout_s: float = 3
         threads = _threads(config, num_threads)
         spec = {"target": target, "config": config, "backend": backend, "world_size": nproc,
                 "init_method": init, "pg_timeout_s": timeout_s + 60.0, "num_threads": threads}
-        _dump_atomic(spec, root / "spec.pkl")
+        _dump_atomic(spec, root / "spec.json")
         paths = [p or os.getcwd() for p in sys.path]
         for rank in range(nproc):
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank),
@@ -275,7 +288,7 @@ def _supervise(procs: list[subprocess.Popen], root: Path, deadline: float,
             code = p.poll()
             if code is not None:
                 codes[rank] = code
-                if code != 0 or not (root / f"result{rank}.pkl").is_file():
+                if code != 0 or not (root / f"result{rank}.pt").is_file():
                     failed[rank] = (code, time.time())
                     fail_at = fail_at or now
         if fail_at is not None and (len(codes) == len(procs) or now - fail_at >= _GRACE_S):
@@ -293,8 +306,7 @@ def _supervise(procs: list[subprocess.Popen], root: Path, deadline: float,
         time.sleep(_POLL_S)
     results = []
     for rank in range(len(procs)):
-        with open(root / f"result{rank}.pkl", "rb") as fh:
-            results.append(pickle.load(fh))
+        results.append(_load_result(root / f"result{rank}.pt"))
     return results
 
 
