@@ -4,7 +4,6 @@ when one of them runs)."""
 
 
 import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -101,12 +100,14 @@ def register(app: typer.Typer, fmt_enum: Any, format_opt: Any, emit_json: Any) -
         """
         _need_torch()
         from paraplan.executor.bridge import model_spec, simulator_plan, training_spec
+        from paraplan.executor.grid import grid_shape_error
         from paraplan.executor.launch import ExecutorError, launch
         from paraplan.executor.model import TinyGPTConfig
         from paraplan.executor.pipeline_parallel import stage_layers
         from paraplan.executor.train import check_plan, parse_plan, train_worker
         from paraplan.simulator.step import simulate
         from paraplan.simulator.volumes import comm_bytes, unsupported
+        from paraplan.validate.executor import bytes_exact, measured_step_s, step_times
 
         raw = _plan_dict(plan)
         config = {"model": _exec_model(model, seq_len), "plan": raw,
@@ -114,9 +115,10 @@ def register(app: typer.Typer, fmt_enum: Any, format_opt: Any, emit_json: Any) -
         try:
             cfg = TinyGPTConfig(**config["model"])
             exec_plan = parse_plan(raw, nproc)
-            if exec_plan.dp * exec_plan.tp * exec_plan.pp != nproc:
-                raise ValueError(f"dp={exec_plan.dp} * tp={exec_plan.tp} * pp={exec_plan.pp} "
-                                 f"does not equal --nproc {nproc}")
+            error = grid_shape_error(exec_plan.dp, exec_plan.pp, exec_plan.tp, exec_plan.ep,
+                                     nproc)
+            if error:
+                raise ValueError(f"{error} (--nproc {nproc})")
             check_plan(cfg, exec_plan, global_batch)
             stage_layers(cfg.num_layers, exec_plan.pp, exec_plan.layers_per_stage)
         except ValueError as exc:
@@ -130,8 +132,7 @@ def register(app: typer.Typer, fmt_enum: Any, format_opt: Any, emit_json: Any) -
             results = launch(train_worker, nproc, config, timeout_s=timeout, num_threads=1)
         except ExecutorError as exc:
             raise SpecError(f"the run failed: {exc}", field="run") from None
-        per_step = [max(r["step_time_s"][i] for r in results) for i in range(steps)]
-        measured = statistics.median(per_step[1:] or per_step)
+        per_step, measured = step_times(results), measured_step_s(results, warmup=1)
         can_count = not unsupported(sim_plan)
         out: dict[str, Any] = {
             "plan": sim_plan.model_dump(exclude_none=True), "plan_short": sim_plan.short(),
@@ -145,10 +146,7 @@ def register(app: typer.Typer, fmt_enum: Any, format_opt: Any, emit_json: Any) -
         if can_count:
             out["bytes_predicted_per_rank"] = [comm_bytes(spec, training, sim_plan, nproc, r)
                                                for r in range(nproc)]
-            out["bytes_exact"] = all(
-                r["bytes_by_kind"].get(k, 0) == v * steps
-                for r, pred in zip(results, out["bytes_predicted_per_rank"], strict=True)
-                for k, v in pred.items())
+            out["bytes_exact"] = bytes_exact(results, out["bytes_predicted_per_rank"], steps)
         if cluster:
             report = simulate(spec, load_cluster(cluster), training, sim_plan,
                               time_if_oom=True)

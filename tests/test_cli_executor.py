@@ -71,7 +71,7 @@ def test_run_takes_the_best_plan_from_a_best_export(tiny_model, tmp_path) -> Non
 
 @pytest.mark.parametrize("args, words", [
     (["tp=3"], "tp=3"),
-    (["tp=2,dp=1", "--nproc", "4"], "does not equal --nproc 4"),
+    (["tp=2,dp=1", "--nproc", "4"], "does not equal the world size 4"),
     (["cp=2"], "plan.cp=2 is not supported"),
     (["tp=1", "--model", "llama3-8b"], "model.activation"),
 ])

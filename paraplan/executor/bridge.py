@@ -18,12 +18,6 @@ from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
-# ParallelPlan fields the executor runs; the rest must keep their defaults (or be timing
-# knobs that do not change what is computed).
-EXECUTED_FIELDS = ("tp", "pp", "dp", "ep", "sequence_parallel", "zero_stage",
-                   "micro_batch_size", "schedule", "layers_per_stage", "moe_capacity_factor")
-TIMING_ONLY_FIELDS = ("overlap_grad_reduce", "tp_comm_overlap", "allow_cross_node_tp")
-
 
 def model_spec(cfg: TinyGPTConfig, name: str = "executor-gpt") -> ModelSpec:
     """The ``ModelSpec`` of the executor's GPT ``cfg`` (same parameter count)."""

@@ -94,6 +94,16 @@ def fit_alpha_beta(samples: Iterable[dict], n: int) -> dict:
             "rel_rms": float(np.sqrt(np.mean(rel**2)))}
 
 
+def fit_all(samples: list[dict], n: int) -> dict[str, dict]:
+    """``fit_alpha_beta`` of each measured kind's timings, and ``"joint"`` of all of them
+    (empty when nothing was measured)."""
+    fits = {kind: fit_alpha_beta([s for s in samples if s["kind"] == kind], n)
+            for kind in COLLECTIVE_KINDS if any(s["kind"] == kind for s in samples)}
+    if samples:
+        fits["joint"] = fit_alpha_beta(samples, n)
+    return fits
+
+
 def _median_time(op: Callable[[], object], repeats: int) -> float:
     op()  # warm-up
     times = []
@@ -343,10 +353,7 @@ def calibrate(*, quick: bool = False, nproc: int = 2, threads: int = 1,
             key = (c["kind"], c["bytes"])
             samples[key] = max(samples.get(key, 0.0), c["seconds"])  # the slowest rank
     comm = [{"kind": k, "bytes": b, "seconds": s} for (k, b), s in samples.items()]
-    fits = {kind: fit_alpha_beta([c for c in comm if c["kind"] == kind], nproc)
-            for kind in COLLECTIVE_KINDS if any(c["kind"] == kind for c in comm)}
-    if comm:
-        fits["joint"] = fit_alpha_beta(comm, nproc)
+    fits = fit_all(comm, nproc)
     return {
         "version": 1, "quick": quick, "nproc": nproc, "threads_per_rank": threads,
         "date": datetime.date.today().isoformat(),
@@ -457,9 +464,7 @@ def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
     samples = measurements.get("collectives", {}).get("samples") or []
     node: dict = {"gpu": gpu, "gpus_per_node": nproc, "nics_per_node": 1, "num_nodes": 1}
     if samples:
-        fits = {k: fit_alpha_beta([s for s in samples if s["kind"] == k], nproc)
-                for k in COLLECTIVE_KINDS if any(s["kind"] == k for s in samples)}
-        fits["joint"] = fit_alpha_beta(samples, nproc)
+        fits = fit_all(samples, nproc)
         if link_fit not in fits:
             raise ValueError(f"link_fit={link_fit!r}: no {link_fit} timings were measured")
         chosen = fits[link_fit]

@@ -77,9 +77,7 @@ class FlatGroup:
     def zero_grad(self) -> None:
         """Zero the gradient buffer and (re)make every ``.grad`` a view into it."""
         if self.grad_buffer is None:
-            for p in self.params:
-                p.grad = None
-            return
+            raise ValueError("zero_grad needs a FlatGroup made with grad_views=True")
         self.grad_buffer.zero_()
         offset = 0
         for p in self.params:

@@ -31,15 +31,15 @@ from paraplan.executor.tensor_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
+from paraplan.simulator.step import even_split
 
 
 def stage_layers(num_layers: int, pp: int,
                  layers_per_stage: Sequence[int] | None = None) -> list[range]:
     """Block indices of each stage: ``layers_per_stage`` if given, else as even as possible
-    with earlier stages taking the remainder (as ``paraplan.simulator.step.even_split``)."""
+    with earlier stages taking the remainder (``paraplan.simulator.step.even_split``)."""
     if layers_per_stage is None:
-        base, rem = divmod(num_layers, pp)
-        layers_per_stage = [base + (1 if i < rem else 0) for i in range(pp)]
+        layers_per_stage = even_split(num_layers, pp)
     if len(layers_per_stage) != pp or sum(layers_per_stage) != num_layers or \
             min(layers_per_stage) < 1:
         raise ValueError(f"layers_per_stage={list(layers_per_stage)} must have pp={pp} entries "

@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass
 
 from paraplan.simulator.memory import moe_layers_in
+from paraplan.simulator.step import even_split
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -173,11 +174,10 @@ def comm_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, num
     if training.global_batch_size % (dp * plan.micro_batch_size):
         raise ValueError(f"global_batch_size={training.global_batch_size} is not a multiple "
                          f"of dp * micro_batch_size = {dp * plan.micro_batch_size}")
-    stage = rank // (dp * t)
-    dp_rank = rank // t % dp
-    del dp_rank  # every replica of a stage moves the same bytes
+    stage = rank // (dp * t)  # every replica of a stage moves the same bytes
     m = training.global_batch_size // (dp * plan.micro_batch_size)
-    layers = plan.layers_per_stage or _even(model.num_layers, p)
+    layers = plan.layers_per_stage or even_split(model.num_layers, p)
+    params = rank_params(model, plan, layers, stage)
     n_moe = moe_layers_in(model, sum(layers[:stage]), layers[stage])
     n_dense = layers[stage] - n_moe
     first, last = stage == 0, stage == p - 1
@@ -200,7 +200,6 @@ def comm_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, num
         if last:
             out["all_reduce"] += m * CE_VALUES_PER_TOKEN * b * s * FP32_BYTES
         if sp:  # partial gradients of TP-replicated tensors, once per step
-            params = rank_params(model, plan, layers, stage)
             out["all_reduce"] += params.tp_replicated * training.grad_reduce_bytes
 
     # ---- pipeline p2p ------------------------------------------------------------------
@@ -217,7 +216,6 @@ def comm_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, num
         out["all_to_all"] += m * n_moe * per_layer
 
     # ---- data parallelism, once per step -------------------------------------------------
-    params = rank_params(model, plan, layers, stage)
     edp = dp // plan.ep if params.experts else 1
     g = training.grad_reduce_bytes / plan.grad_compression_ratio / plan.dp_sync_interval
     for count, n in ((params.dense, dp), (params.experts, edp)):
@@ -230,8 +228,3 @@ def comm_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, num
             out["reduce_scatter"] += round(padded * g)
             out["all_gather"] += round(padded // n * e / plan.dp_sync_interval)
     return {k: int(v) for k, v in out.items()}
-
-
-def _even(num_layers: int, chunks: int) -> list[int]:
-    base, rem = divmod(num_layers, chunks)
-    return [base + (1 if i < rem else 0) for i in range(chunks)]

@@ -80,10 +80,22 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return None if rho != rho else float(rho)  # NaN for constant input
 
 
-def _measured_step_s(results: list[dict], warmup: int) -> float:
-    steps = len(results[0]["step_time_s"])
-    per_step = [max(r["step_time_s"][i] for r in results) for i in range(steps)]
+def step_times(results: list[dict]) -> list[float]:
+    """Seconds of each step of a run: its slowest rank (``train_worker`` results)."""
+    return [max(per_step) for per_step in zip(*(r["step_time_s"] for r in results),
+                                               strict=True)]
+
+
+def measured_step_s(results: list[dict], warmup: int) -> float:
+    """A run's measured seconds per step: median over the steps after ``warmup``."""
+    per_step = step_times(results)
     return statistics.median(per_step[warmup:] or per_step)
+
+
+def bytes_exact(results: list[dict], predicted: list[dict[str, int]], steps: int) -> bool:
+    """Whether every rank's counted bytes equal ``predicted[rank]`` (per step) x ``steps``."""
+    return all(r["bytes_by_kind"].get(kind, 0) == value * steps
+               for r in results for kind, value in predicted[r["rank"]].items())
 
 
 def run_one(run: ExecutorRun, cluster: ClusterSpec, nproc: int, *, steps: int, warmup: int,
@@ -103,17 +115,15 @@ def run_one(run: ExecutorRun, cluster: ClusterSpec, nproc: int, *, steps: int, w
     report = simulate(model, cluster, training, plan, time_if_oom=True)
     results = launch(train_worker, nproc, config, timeout_s=timeout_s, backend="gloo",
                      num_threads=1)
-    measured = _measured_step_s(results, warmup)
+    measured = measured_step_s(results, warmup)
     predicted = report.step_time_s
     total_steps = warmup + steps
+    per_rank = [comm_bytes(model, training, plan, nproc, rank=rank) for rank in range(nproc)]
     bytes_measured: dict[str, int] = {}
     bytes_predicted: dict[str, int] = {}
-    exact = True
     for r in results:
-        want = comm_bytes(model, training, plan, nproc, rank=r["rank"])
-        for kind, value in want.items():
+        for kind, value in per_rank[r["rank"]].items():
             got = r["bytes_by_kind"].get(kind, 0)
-            exact &= got == value * total_steps
             bytes_measured[kind] = bytes_measured.get(kind, 0) + got // total_steps
             bytes_predicted[kind] = bytes_predicted.get(kind, 0) + value
     keep = [k for k in bytes_predicted if bytes_predicted[k] or bytes_measured[k]]
@@ -126,10 +136,9 @@ def run_one(run: ExecutorRun, cluster: ClusterSpec, nproc: int, *, steps: int, w
         "error_pct": None if predicted is None else 100.0 * (predicted - measured) / measured,
         "bytes_measured": {k: bytes_measured[k] for k in keep},
         "bytes_predicted": {k: bytes_predicted[k] for k in keep},
-        "bytes_exact": exact,
+        "bytes_exact": bytes_exact(results, per_rank, total_steps),
         "predicted_time_s": report.time_s, "measured_phase_s": phases,
-        "measured_step_times_s": [max(r["step_time_s"][i] for r in results)
-                                  for i in range(total_steps)],
+        "measured_step_times_s": step_times(results),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in results),
         "loss": results[0]["loss"],
         "feasible": report.feasible, "reasons": report.reasons,
