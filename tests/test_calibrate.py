@@ -16,13 +16,23 @@ from paraplan.executor.calibrate import (
     fit_alpha_beta,
     gemm_grid,
 )
-from paraplan.simulator.collectives import all_to_all, p2p, ring_all_gather, ring_all_reduce
+from paraplan.simulator.collectives import (
+    all_to_all,
+    group_collective,
+    group_p2p,
+    p2p,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+)
 from paraplan.simulator.compute import Device, gemm_time
+from paraplan.specs.topology import Topology
 
 SIZES = [4096, 65536, 1 << 20, 16 << 20]
 FORMULA = {
     "all_reduce": lambda s, n, bw, a: ring_all_reduce(s, n, bw, a),
     "all_gather": lambda s, n, bw, a: ring_all_gather(s, n, bw, a),
+    "reduce_scatter": lambda s, n, bw, a: ring_reduce_scatter(s, n, bw, a),
     "all_to_all": lambda s, n, bw, a: all_to_all(s, n, bw, a),
     "p2p": lambda s, n, bw, a: p2p(s, bw, a),
 }
@@ -134,6 +144,30 @@ def test_link_fit_choice(tmp_path):
         calibration_cluster_yaml(meas, link_fit="all_to_all")  # not measured
     with pytest.raises(ValueError, match="link_fit"):
         calibration_cluster_yaml(meas, link_fit="bogus")
+
+
+def test_per_kind_bandwidth_becomes_collective_efficiency(tmp_path):
+    """Kinds slower or faster than all-reduce (gloo's reduce-scatter, p2p) keep their measured
+    bandwidth in the simulator through ``collective_efficiency``."""
+    meas = measurements(nproc=4)
+    meas["collectives"]["samples"] = (
+        synthetic(4, 100e-6, 3e9, kinds=["all_reduce", "all_gather"])
+        + synthetic(4, 100e-6, 1e9, kinds=["reduce_scatter"])
+        + synthetic(4, 100e-6, 6e9, kinds=["p2p"]))
+    path = tmp_path / "kinds.yaml"
+    path.write_text(calibration_cluster_yaml(meas))
+    cluster = load_cluster(str(path))
+    assert cluster.collective_efficiency == pytest.approx(
+        {"all_gather": 1.0, "reduce_scatter": 1 / 3, "p2p": 2.0}, rel=1e-2)
+    topo, group, size = Topology(cluster), (0, 1, 2, 3), 8 << 20
+    for kind, bw in (("all_reduce", 3e9), ("all_gather", 3e9), ("reduce_scatter", 1e9)):
+        assert group_collective(topo, group, kind, size) == pytest.approx(
+            FORMULA[kind](size, 4, bw, 100e-6), rel=1e-2)
+    assert group_p2p(topo, 0, 1, size) == pytest.approx(p2p(size, 6e9, 100e-6), rel=1e-2)
+    # The joint fit is one bandwidth for every kind: no per-kind factors.
+    joint = tmp_path / "joint.yaml"
+    joint.write_text(calibration_cluster_yaml(meas, link_fit="joint"))
+    assert load_cluster(str(joint)).collective_efficiency == {}
 
 
 def test_calibrate_quick_on_this_machine(tmp_path):

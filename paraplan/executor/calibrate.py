@@ -39,7 +39,7 @@ import yaml
 
 from paraplan.executor.launch import launch
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "all_to_all", "p2p")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 KiB, MiB = 1024, 1024 * 1024
 # Sizes (GEMM: matrix dims; memory and collectives: bytes), repeats, and seconds of
 # back-to-back collectives per timing trial.
@@ -57,8 +57,8 @@ FULL = {"gemm_sizes": [128, 256, 512, 1024, 2048], "gemm_repeats": 5, "mem_bytes
 def coefficients(kind: str, n: int) -> tuple[float, float]:
     """(latency multiplier, bytes multiplier) of ``kind`` on ``n`` ranks in the simulator's
     ring model: time = a * alpha + b * S / B (``paraplan.simulator.collectives``). S is the
-    buffer for all_reduce, the gathered output for all_gather, the bytes each rank holds for
-    all_to_all and the message for p2p."""
+    buffer for all_reduce, the gathered output for all_gather, the full input for
+    reduce_scatter, the bytes each rank holds for all_to_all and the message for p2p."""
     if kind == "all_reduce":
         return 2.0 * (n - 1), 2.0 * (n - 1) / n
     if kind in ("all_gather", "all_to_all", "reduce_scatter"):
@@ -177,12 +177,17 @@ def _comm_op(kind: str, elems: int, rank: int, world: int) -> Callable[[], objec
     import torch
     import torch.distributed as dist
 
+    from paraplan.executor.comm import all_gather_single, reduce_scatter_single
+
     if kind == "all_reduce":
         x = torch.ones(elems)
         return lambda: dist.all_reduce(x)
     if kind == "all_gather":
         out, part = torch.empty(elems), torch.ones(elems // world)
-        return lambda: dist.all_gather_into_tensor(out, part)
+        return lambda: all_gather_single(out, part)
+    if kind == "reduce_scatter":
+        full, part = torch.ones(elems), torch.empty(elems // world)
+        return lambda: reduce_scatter_single(part, full)
     if kind == "all_to_all":
         src, dst = torch.ones(elems), torch.empty(elems)
         return lambda: dist.all_to_all_single(dst, src)
@@ -408,6 +413,20 @@ def gemm_grid(cells: list[dict]) -> tuple[list[int], list[float]]:
     return sizes, grid
 
 
+def collective_efficiency(fits: dict[str, dict], link_fit: str = "all_reduce"
+                          ) -> dict[str, float]:
+    """``ClusterSpec.collective_efficiency`` from the per-kind fits: each measured kind's
+    fitted ring bandwidth over the bandwidth of the fit the link carries (``link_fit``), kept
+    in the (0, 4] range the profile allows. Empty when the link carries the joint fit (one
+    bandwidth for every kind by construction)."""
+    if link_fit == "joint" or link_fit not in fits:
+        return {}
+    base = fits[link_fit]["bandwidth_Bps"]
+    return {kind: _sig(min(4.0, fits[kind]["bandwidth_Bps"] / base), 3)
+            for kind in ("all_gather", "reduce_scatter", "all_to_all", "p2p")
+            if kind in fits and kind != link_fit}
+
+
 def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
                              link_fit: str = "all_reduce") -> str:
     """A cluster profile YAML (for ``paraplan.load_cluster``) from ``calibrate()`` output.
@@ -415,10 +434,11 @@ def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
     One node of ``nproc`` "GPUs" (CPU ranks, fp32 only): peak = the best measured per-rank
     GEMM TFLOP/s, the inline ``gemm_table`` holds every measured shape (so simulated GEMM
     times equal the measured ones there), memory = RAM / nproc, memory bandwidth = the copy
-    measurement. The simulator has one (latency, bandwidth) per link for every collective;
-    ``link_fit`` picks the fit the link takes: a kind of ``COLLECTIVE_KINDS`` (default
-    ``all_reduce``, the most frequent collective in training) or ``"joint"`` (one fit of all
-    kinds). Every kind's fit is listed in the link's notes.
+    measurement. The link carries one (latency, bandwidth) fit; ``link_fit`` picks it: a kind
+    of ``COLLECTIVE_KINDS`` (default ``all_reduce``, the most frequent collective in
+    training) or ``"joint"`` (one fit of all kinds). The other kinds' bandwidths, relative to
+    it, go to the cluster's ``collective_efficiency`` (gloo's reduce-scatter and all-gather
+    are much slower than its all-reduce). Every kind's fit is listed in the link's notes.
     """
     if link_fit not in (*COLLECTIVE_KINDS, "joint"):
         raise ValueError(f"link_fit={link_fit!r} must be one of {[*COLLECTIVE_KINDS, 'joint']}")
@@ -478,7 +498,9 @@ def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
         node["intra_node_link"] = link
         node["inter_node_link"] = dict(link, name=f"{name}-gloo-inter",
                                        notes="One node: placeholder, same as the intra link.")
+        kind_eff = collective_efficiency(fits, link_fit)
     else:  # one rank: no collectives were measured and no link is ever used
+        kind_eff = {}
         node["inter_node_link"] = {"name": f"{name}-unmeasured", "kind": "ethernet",
                                    "bandwidth_GBps": _sig(mem_GBps), "latency_us": 0.0,
                                    "notes": "Not measured (one rank); unused on one node."}
@@ -486,6 +508,7 @@ def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
                "description": f"This machine ({machine['cpu']}), {nproc} executor ranks on one "
                               "node, measured by paraplan calibrate",
                "node": node,
+               **({"collective_efficiency": kind_eff} if kind_eff else {}),
                "sources": [f"paraplan calibrate, torch {machine.get('torch', '?')}, "
                            f"{machine.get('platform', '?')}, quick={measurements.get('quick')}"]}
     return yaml.dump(cluster, Dumper=_Dumper, sort_keys=False, width=100)

@@ -36,8 +36,8 @@ KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_
                           "p2p_send", "broadcast")
 
 # torch >= 2.11 renamed the tensor-in/tensor-out collectives; older versions have the old names.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
                           or dist.reduce_scatter_tensor)
 
 
@@ -57,7 +57,9 @@ def _gather(shard: torch.Tensor, group: dist.ProcessGroup | None, n: int,
             dim: int) -> torch.Tensor:
     """All-gather of flat buffers (gloo wants output = n x input along dim 0), then concat."""
     out = torch.empty(n * shard.numel(), dtype=shard.dtype, device=shard.device)
-    _all_gather_single(out, shard.view(-1), group=group)
+    all_gather_single(out, shard.view(-1), group=group)
+    if dim == 0:  # rank-major is already the gathered layout: no copy
+        return out.view(n * shard.shape[0], *shard.shape[1:])
     return torch.cat(out.view(n, *shard.shape).unbind(0), dim=dim)
 
 
@@ -122,10 +124,13 @@ class Comm:
             raise ValueError(f"reduce_scatter: size {tensor.shape[dim]} along dim {dim} is not "
                              f"divisible by the group size {n}")
         chunks = tensor.chunk(n, dim=dim)
-        flat = torch.cat([c.reshape(-1) for c in chunks])
+        if dim == 0 and tensor.is_contiguous():  # chunk-major already: reduce in place
+            flat = tensor.view(-1)
+        else:
+            flat = torch.cat([c.reshape(-1) for c in chunks])
         out = torch.empty(chunks[0].numel(), dtype=tensor.dtype, device=tensor.device)
         with self._record("reduce_scatter", payload_bytes(tensor), tensor):
-            _reduce_scatter_single(out, flat, group=group)
+            reduce_scatter_single(out, flat, group=group)
         return out.view(chunks[0].shape)
 
     def all_to_all(self, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

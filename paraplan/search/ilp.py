@@ -75,7 +75,13 @@ from paraplan.simulator.memory import (
     pipeline_memory,
 )
 from paraplan.simulator.pipeline import inflight_microbatches
-from paraplan.simulator.step import StepReport, even_split, layer_cost, simulate
+from paraplan.simulator.step import (
+    StepReport,
+    bucketed_grad_sync,
+    even_split,
+    layer_cost,
+    simulate,
+)
 from paraplan.specs.checks import check_plan, divisors
 from paraplan.specs.cluster import ClusterSpec, GPUSpec, NodeGroup
 from paraplan.specs.errors import SpecError
@@ -1212,7 +1218,7 @@ def _union_dp_time(ctx: _Ctx, group: DataGroup, cluster: ClusterSpec,
                    union: tuple[int, ...]) -> float:
     """Exposed data-parallel synchronisation when the gradients of all types are all-reduced
     together and ``group`` finishes its backward last (seconds): ``simulate``'s own rule
-    (DDP buckets of 40M elements, each an all-reduce over the data-parallel ranks of stage
+    (``bucketed_grad_sync``: DDP buckets of 40M elements over the data-parallel ranks of stage
     0, overlapped with the first stage's backward of one micro-batch, NCCL slowing the
     overlapped compute) applied to ``union``, the stage-0 data-parallel ranks of all types
     on ``cluster``. With one type it is exactly what ``simulate`` charges."""
@@ -1224,10 +1230,8 @@ def _union_dp_time(ctx: _Ctx, group: DataGroup, cluster: ClusterSpec,
                                    strict=True)]
     crit = max(range(len(times)), key=lambda r: times[r])
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
-    nbytes = (dense + experts) * ctx.training.grad_reduce_bytes / plan.grad_compression_ratio
     buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
-    sync = buckets * coll.group_collective(cluster.topology, union, "all_reduce",
-                                           nbytes / buckets)
+    sync = bucketed_grad_sync(cluster.topology, union, plan, ctx.training, dense + experts)
     dev = Device.of(ctx.types[group.gpu].gpu, ctx.training.precision, ctx.training.kernels)
     if plan.overlap_grad_reduce:
         window = float(rep.extra["stage_backward_s"][0])

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from paraplan.simulator.collectives import collective_lines
+from paraplan.simulator.collectives import collective_lines, kind_efficiency
 from paraplan.simulator.compute import Device, lm_head_times, optimizer_step_time
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -353,6 +353,8 @@ class _Context:
     ers: np.ndarray
     edp: np.ndarray
     t_p2p: np.ndarray
+    kind_eff: tuple[float, float] = (1.0, 1.0)
+    """Library speed on reduce-scatter and all-gather (``ClusterSpec.collective_efficiency``)."""
 
 
 def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None = None, *,
@@ -454,7 +456,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     for i, span in enumerate(us):
         if int(span) < cluster.num_gpus:
             pc = topo.pair(0, int(span))
-            p2p_ab[i] = (pc.latency_s, pc.bandwidth_GBps * 1e9)
+            p2p_ab[i] = (pc.latency_s, pc.bandwidth_GBps * 1e9 * kind_efficiency(topo, "p2p"))
         else:
             p2p_ab[i] = (0.0, 1.0)
     P2P = p2p_ab[sinv.reshape(-1)]
@@ -465,7 +467,9 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                    overlap=overlap, interval=interval, capacity_bytes=capacity * GiB,
                    exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
                    ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
-                   edp=edp, t_p2p=t_p2p)
+                   edp=edp, t_p2p=t_p2p,
+                   kind_eff=(kind_efficiency(topo, "reduce_scatter"),
+                             kind_efficiency(topo, "all_gather")))
     pv, pvinv = _key_index([c["pp"], c["v"]])
     order = np.argsort(pvinv, kind="stable")
     bounds = np.searchsorted(pvinv[order], np.arange(len(pv) + 1))
@@ -616,15 +620,25 @@ def _evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: _Con
     g = ctx.ginv[idx]
     gather = _chunked(ctx.ag[g], dense0 * cb, units)
     scatter = _chunked(ctx.rs[g], dense0 * ctx.grad_bytes, units)
-    sync = _chunked(ctx.ar[g], dense0 * ctx.grad_bytes, dense0 / DDP_BUCKET_ELEMENTS)
+    # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params, each half
+    # an all-reduce on its volume over the library's speed on that kind (step.py).
+    z12 = (z == 1) | (z == 2)
+    eff_rs, eff_ag = ctx.kind_eff
+
+    def _reduce(ar_l: np.ndarray, count: np.ndarray) -> np.ndarray:
+        buckets = count / DDP_BUCKET_ELEMENTS
+        grads = _chunked(ar_l, count * ctx.grad_bytes, buckets)
+        return np.where(z12, 0.5 * grads / eff_rs
+                        + 0.5 * _chunked(ar_l, count * cb, buckets) / eff_ag, grads)
+
+    sync = _reduce(ctx.ar[g], dense0)
     if model.is_moe:
         e = ctx.einv[idx]
         has = exp0 != 0
         gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
         scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * ctx.grad_bytes, units),
                                      0.0)
-        sync = sync + np.where(has, _chunked(ctx.ear[e], exp0 * ctx.grad_bytes,
-                                             exp0 / DDP_BUCKET_ELEMENTS), 0.0)
+        sync = sync + np.where(has, _reduce(ctx.ear[e], exp0), 0.0)
     per_mb = 2 * gather + scatter
     z3_exp = m * (np.maximum(0.0, per_mb - fb_c) + np.minimum(per_mb, fb_c) * ctx.slow) \
         + gather / units

@@ -14,7 +14,9 @@ per-step latency alpha and per-rank one-direction bandwidth B,
 Hierarchical all-reduce: reduce-scatter inside nodes, all-reduce of S/k across nodes, all-gather
 inside nodes (the NCCL/Horovod hierarchy); the cheaper of ring and hierarchy is used, as NCCL
 picks algorithms by size. B and alpha come from ``Topology.ring`` (bottleneck edge, link
-efficiency included). Times in seconds, sizes in bytes.
+efficiency included); kinds other than all-reduce scale B by the cluster's measured
+``collective_efficiency`` (1 unless a profile says otherwise). Times in seconds, sizes in
+bytes.
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ def _bps(cost: RingCost) -> float:
     return cost.bandwidth_GBps * 1e9
 
 
+def kind_efficiency(topology: Topology, kind: str) -> float:
+    """The cluster's achieved-bandwidth factor for ``kind`` relative to the all-reduce-calibrated
+    ring model (``ClusterSpec.collective_efficiency``; 1 when not given)."""
+    return topology.cluster.collective_efficiency.get(kind, 1.0)
+
+
 def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes: float) -> float:
     """Time of ``kind`` (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast) on
     ``group`` of the topology, ring order as given; all-reduce also tries the hierarchy."""
@@ -93,18 +101,19 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
             best = min(best, t)
         return best
     if kind in ("all_gather", "reduce_scatter"):
-        return ring_all_gather(nbytes, n, bw, lat)
+        return ring_all_gather(nbytes, n, bw * kind_efficiency(topology, kind), lat)
     if kind == "all_to_all":
-        return all_to_all(nbytes, n, bw, lat)
+        return all_to_all(nbytes, n, bw * kind_efficiency(topology, kind), lat)
     if kind == "broadcast":
-        return broadcast(nbytes, n, bw, lat)
+        return broadcast(nbytes, n, bw * kind_efficiency(topology, kind), lat)
     raise ValueError(f"unknown collective {kind!r}")
 
 
 def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
     """Point-to-point send from GPU ``src`` to ``dst`` (all GPUs sending at once), seconds."""
     cost = topology.pair(src, dst)
-    return p2p(nbytes, cost.bandwidth_GBps * 1e9, cost.latency_s)
+    return p2p(nbytes, cost.bandwidth_GBps * 1e9 * kind_efficiency(topology, "p2p"),
+               cost.latency_s)
 
 
 def collective_lines(topology: Topology, group: Sequence[int], kind: str,
@@ -139,7 +148,7 @@ def collective_lines(topology: Topology, group: Sequence[int], kind: str,
             lines.append((alpha, beta))
         return lines
     if kind in ("all_gather", "reduce_scatter", "all_to_all"):
-        return [((n - 1) * lat, (n - 1) / n / bw)]
+        return [((n - 1) * lat, (n - 1) / n / (bw * kind_efficiency(topology, kind)))]
     if kind == "broadcast":
-        return [(math.ceil(math.log2(n)) * lat, 1 / bw)]
+        return [(math.ceil(math.log2(n)) * lat, 1 / (bw * kind_efficiency(topology, kind)))]
     raise ValueError(f"unknown collective {kind!r}")

@@ -227,7 +227,33 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     gemms = proj + mlp
     forward = gemms + attn_fwd + elem_fwd + overhead
     backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
+    backward += grad_accumulation_time(model, training, plan, device, moe=moe)
     return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead)
+
+
+def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                           device: Device, *, moe: bool) -> float:
+    """Seconds to add one micro-batch's weight gradients of one layer into the gradient buffer.
+
+    Eager autograd (PyTorch DDP, the executor) writes each weight gradient to its own tensor
+    and then ``AccumulateGrad`` adds it into the long-lived buffer: read both, write one,
+    3 x ``compute_bytes`` per parameter per micro-batch, on every micro-batch (DDP's first
+    one copies into the bucket view instead, 2x, which this ignores). Fused stacks write the
+    weight-gradient GEMM straight into the fp32 buffer (Megatron's
+    ``gradient_accumulation_fusion``, GEMM beta = 1): no extra pass. Under ZeRO-2/3 the
+    gradient is reduce-scattered every micro-batch and only the 1/dp shard is accumulated,
+    which this treats as free.
+    """
+    if training.kernels != "eager" or plan.zero_stage >= 2:
+        return 0.0
+    if moe:
+        shared = (model.attention_params + model.router_params + model.norm_params_per_layer
+                  + model.num_shared_experts * model.expert_params)
+        params = shared / plan.tp + (model.num_experts * model.expert_params
+                                     / (plan.ep * plan.expert_tp))
+    else:
+        params = model.dense_layer_params / plan.tp
+    return 3.0 * training.compute_bytes * params / device.memory_Bps
 
 
 def lm_head_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -238,7 +264,11 @@ def lm_head_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     gemm = gemm_time(device, tokens, v, model.hidden_size)
     # Cross entropy in fp32: upcast, max, exp-sum, gradient: ~5 passes over 4-byte logits.
     ce = 5.0 * 4.0 * tokens * v / device.memory_Bps
-    return gemm + ce, 2.0 * gemm + ce
+    accumulate = 0.0
+    if training.kernels == "eager" and plan.zero_stage < 2:  # see grad_accumulation_time
+        accumulate = 3.0 * training.compute_bytes * model.lm_head_params / plan.tp / \
+            device.memory_Bps
+    return gemm + ce, 2.0 * gemm + ce + accumulate
 
 
 def optimizer_step_time(params_on_rank: float, training: TrainingSpec, device: Device) -> float:

@@ -154,8 +154,13 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
     lt = layer_times(model, training, plan, device, moe=moe)
     tp_c = 0.0
-    if t > 1:  # one all-reduce of b*s*h (SP: all-gather + reduce-scatter, same volume)
-        tp_c = coll.group_collective(topo, on(tuple(range(t))), "all_reduce", act_bytes)
+    if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
+        tp_group = on(tuple(range(t)))
+        if plan.sequence_parallel:
+            tp_c = (coll.group_collective(topo, tp_group, "all_gather", act_bytes)
+                    + coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes))
+        else:
+            tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
         if plan.tp_comm_overlap:
             # Async TP / userbuffers split the collective into chunks pipelined with the
             # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
@@ -168,7 +173,8 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
         kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
         ring = topo.ring(on(tuple(t * i for i in range(cp))))
-        step = coll.p2p(kv, ring.bandwidth_GBps * 1e9, ring.latency_s)
+        step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
+                        ring.latency_s)
         cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
@@ -208,6 +214,33 @@ def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: P
     and recomputation (``layer_parts`` composed under ``plan.recompute``), seconds."""
     return compose_layer_cost(layer_parts(model, topo, training, plan, device, moe=moe,
                                           base_rank=base_rank), plan.recompute)
+
+
+def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], plan: ParallelPlan,
+                       training: TrainingSpec, count: float) -> float:
+    """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
+    in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
+
+    DDP all-reduces the gradients. ZeRO-1/2 (Megatron's distributed optimizer, DeepSpeed
+    ZeRO-1/2) reduce-scatter them and all-gather the updated parameters in the compute dtype:
+    each costs half of the best all-reduce algorithm on its volume (an all-reduce is a
+    reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
+    the library's measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
+    reduce-scatter is ~3x slower than its all-reduce, NCCL's kinds are even).
+    """
+    if count <= 0 or len(group) <= 1:
+        return 0.0
+    buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
+    grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
+
+    def all_reduce(nbytes: float) -> float:
+        return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
+
+    if plan.zero_stage in (1, 2):
+        return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter")
+                + 0.5 * all_reduce(count * training.compute_bytes)
+                / coll.kind_efficiency(topo, "all_gather"))
+    return all_reduce(count * grad_bytes)
 
 
 def stage_gpu_types(cluster: ClusterSpec, plan: ParallelPlan, p: int, span_ranks: int,
@@ -381,10 +414,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             z3 = m * (max(0.0, per_mb - compute_mb)
                       + min(per_mb, compute_mb) * device.nccl_slowdown)
             return 0.0, z3 + gather / units
-        sync = chunked("all_reduce", dp_group, dense * grad_bytes, dense / DDP_BUCKET_ELEMENTS)
+        sync = bucketed_grad_sync(topo, dp_group, plan, training, dense)
         if experts:
-            sync += chunked("all_reduce", edp_group, experts * grad_bytes,
-                            experts / DDP_BUCKET_ELEMENTS)
+            sync += bucketed_grad_sync(topo, edp_group, plan, training, experts)
         buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
         out = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -240,6 +240,14 @@ class ClusterSpec(StrictModel):
     intra_region_link: LinkSpec | None = None
     """If set, two GPUs on different nodes of one region talk over this link (per pair)."""
     region_links: list[RegionLink] = Field(default_factory=list)
+    collective_efficiency: dict[
+        Literal["all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p"],
+        Annotated[float, Field(gt=0, le=4)]] = Field(default_factory=dict)
+    """Bandwidth the communication library achieves on a collective kind, relative to the ring
+    model calibrated by all-reduce (1 = as the link's ``efficiency`` says). A property of the
+    library on this cluster: gloo's reduce-scatter runs at about a third of its all-reduce's
+    ring bandwidth, NCCL's collectives all sit near the ring model. Kinds left out are 1.
+    ``paraplan calibrate`` measures them."""
     sources: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
