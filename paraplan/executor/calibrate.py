@@ -41,17 +41,16 @@ from paraplan.executor.launch import launch
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 KiB, MiB = 1024, 1024 * 1024
-# Sizes (GEMM: matrix dims; memory and collectives: bytes), repeats, and seconds of
-# back-to-back collectives per timing trial.
+# Sizes (GEMM: matrix dims; memory and collectives: bytes), repeats, and timed calls per
+# collective size.
 # Attention shapes (batch, heads, seq, head_dim) and elementwise shapes (tokens, hidden, ffn).
 ATTENTION_SHAPES = [(2, 4, 256, 64), (1, 8, 512, 64)]
 ELEMENTWISE_SHAPES = [(512, 256, 1024), (1024, 512, 2048)]
 QUICK = {"gemm_sizes": [256, 512, 1024, 2048], "gemm_repeats": 3, "mem_bytes": 256 * MiB,
-         "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB],
-         "comm_trial_s": 0.02, "comm_trials": 3}
+         "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB], "comm_trials": 9}
 FULL = {"gemm_sizes": [128, 256, 512, 1024, 2048], "gemm_repeats": 5, "mem_bytes": 256 * MiB,
-        "mem_repeats": 10, "comm_sizes": [4 * KiB * 4**i for i in range(8)],
-        "comm_trial_s": 0.1, "comm_trials": 5}
+        "mem_repeats": 10, "comm_sizes": [4 * KiB * 4**i for i in range(8)], "comm_trials": 21}
+COMM_BURST = 384  # square GEMM run before each timed collective (~0.1 GFLOP, ~1 ms on a core)
 
 
 def coefficients(kind: str, n: int) -> tuple[float, float]:
@@ -201,21 +200,6 @@ def _comm_op(kind: str, elems: int, rank: int, world: int) -> Callable[[], objec
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
-def _agree_iters(op: Callable[[], object] | None, budget_s: float) -> int:
-    """Warm ``op`` up and return, the same on every rank, how many runs fill ``budget_s``."""
-    import torch
-    import torch.distributed as dist
-
-    want = 1
-    if op is not None:
-        start = time.perf_counter()
-        op()  # warm-up (connections, buffers) and a first timing
-        want = min(200, max(1, math.ceil(budget_s / max(time.perf_counter() - start, 1e-6))))
-    count = torch.tensor([want])
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    return int(count.item())
-
-
 def calibration_worker(rank: int, world_size: int, config: dict) -> dict:
     """One rank of ``calibrate``: GEMM grid, memory copy and collectives (see module doc).
     Returns per-rank medians in seconds."""
@@ -247,18 +231,25 @@ def calibration_worker(rank: int, world_size: int, config: dict) -> dict:
         out["elementwise"].append({"tokens": tokens, "hidden": hidden, "ffn": ffn,
                                    "seconds": _elementwise_seconds(tokens, hidden, ffn,
                                                                    config["gemm_repeats"])})
+    # Collectives are timed one call at a time, each after a burst of GEMMs on every rank and
+    # a barrier: that is how training issues them (between layers' compute, caches and
+    # sockets cold), and on a loopback gloo setup such a call takes up to ~2x as long as one
+    # in a back-to-back loop.
+    a, b = torch.ones(COMM_BURST, COMM_BURST), torch.ones(COMM_BURST, COMM_BURST)
     for kind in config["kinds"] if world_size > 1 else ():
         for nbytes in config["comm_sizes"]:
             elems = max(world_size, nbytes // 4 // world_size * world_size)
             op = _comm_op(kind, elems, rank, world_size)
-            iters = _agree_iters(op, config["comm_trial_s"])
+            if op is not None:
+                op()  # warm-up: connections and buffers
             trials = []
             for _ in range(config["comm_trials"]):
+                torch.mm(a, b)
                 dist.barrier()
                 start = time.perf_counter()
-                for _ in range(iters if op is not None else 0):
+                if op is not None:
                     op()
-                trials.append((time.perf_counter() - start) / iters)
+                trials.append(time.perf_counter() - start)
             if op is not None:
                 per_op = statistics.median(trials) / (2 if kind == "p2p" else 1)
                 out["comm"].append({"kind": kind, "bytes": 4 * elems, "seconds": per_op})
