@@ -201,3 +201,79 @@ def test_user_gemm_table_with_holes_is_a_spec_error(tmp_path):
     (tmp_path / "t.yaml").write_text("name: t\nreference_peak_tflops: 100\ncsv: t.csv\ndtype: x\n")
     with pytest.raises(SpecError, match="full m x n x k grid"):
         load_gemm_table(str(tmp_path / "t.yaml"))
+
+
+def _tiny_moe() -> ModelSpec:
+    return ModelSpec(name="tiny-moe", num_layers=2, hidden_size=256, num_attention_heads=4,
+                     ffn_hidden_size=1024, vocab_size=1000, num_experts=4, moe_top_k=2)
+
+
+def test_moe_permute_traffic_by_hand():
+    from paraplan.simulator.compute import moe_permute_elements_per_token
+
+    model = _tiny_moe()  # h = 256, k = 2
+    fused = moe_permute_elements_per_token(model, ParallelPlan(), eager=False)
+    assert fused == 2 * 256 + 2 * 2 * 256  # permute h -> kh, unpermute kh -> h
+    eager = moe_permute_elements_per_token(model, ParallelPlan(), eager=True)
+    assert eager == 11 * 2 * 256 + 2 * 256  # five k-copy passes + scatter-add into zeros
+    padded = moe_permute_elements_per_token(model, ParallelPlan(ep=2, moe_capacity_factor=2.0),
+                                            eager=True)
+    assert padded == eager + 2 * 2.0 * 2 * 256  # two zero-filled capacity buffers
+
+
+def test_eager_gradient_accumulation_pass_by_hand():
+    from paraplan.simulator.compute import grad_accumulation_time
+
+    model = load_model("gpt3-125m")
+    dev = Device(matmul_flops=1e12, memory_Bps=1e10)
+    eager = TrainingSpec(global_batch_size=8, seq_len=128, precision="fp32", kernels="eager")
+    # read the buffer and the new gradient, write the sum: 3 x 4 bytes per parameter.
+    want = 3 * 4 * model.dense_layer_params / 2 / 1e10
+    got = grad_accumulation_time(model, eager, ParallelPlan(tp=2), dev, moe=False)
+    assert got == pytest.approx(want, rel=1e-12)
+    fused = eager.model_copy(update={"kernels": "fused"})
+    assert grad_accumulation_time(model, fused, ParallelPlan(tp=2), dev, moe=False) == 0.0
+    assert grad_accumulation_time(model, eager, ParallelPlan(zero_stage=2), dev,
+                                  moe=False) == 0.0
+
+
+def test_collective_efficiency_scales_only_its_kind():
+    base = load_cluster("dgx-h100", nodes=2)
+    slow = base.model_copy(update={"collective_efficiency": {"reduce_scatter": 0.5,
+                                                             "p2p": 2.0}})
+    t0, t1 = base.topology, slow.topology
+    group = list(range(8))
+    for kind in ("all_reduce", "all_gather"):
+        assert coll.group_collective(t1, group, kind, 1e9) == \
+            coll.group_collective(t0, group, kind, 1e9)
+    ring = t0.ring(group)
+    bw, lat = ring.bandwidth_GBps * 1e9, ring.latency_s
+    assert coll.group_collective(t1, group, "reduce_scatter", 1e9) == pytest.approx(
+        coll.ring_reduce_scatter(1e9, 8, 0.5 * bw, lat))
+    pair = t0.pair(0, 8)
+    assert coll.group_p2p(t1, 0, 8, 1e8) == pytest.approx(
+        coll.p2p(1e8, 2.0 * pair.bandwidth_GBps * 1e9, pair.latency_s))
+
+
+def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
+    from paraplan.simulator.step import bucketed_grad_sync
+
+    cluster = load_cluster("dgx-h100", nodes=2)
+    topo, group = cluster.topology, tuple(range(16))
+    training = TrainingSpec(global_batch_size=64, seq_len=2048)  # bf16, fp32 grad reduce
+    count = 1e9
+    ddp = bucketed_grad_sync(topo, group, ParallelPlan(), training, count)
+    zero1 = bucketed_grad_sync(topo, group, ParallelPlan(zero_stage=1), training, count)
+    buckets = count / 40e6
+
+    def all_reduce(nbytes: float) -> float:
+        return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
+
+    g = training.grad_reduce_bytes
+    assert ddp == pytest.approx(all_reduce(count * g))
+    assert zero1 == pytest.approx(0.5 * all_reduce(count * g) + 0.5 * all_reduce(count * 2))
+    gloo_like = cluster.model_copy(update={"collective_efficiency": {"reduce_scatter": 0.25}})
+    slow = bucketed_grad_sync(gloo_like.topology, group, ParallelPlan(zero_stage=1), training,
+                              count)
+    assert slow == pytest.approx(0.5 * all_reduce(count * g) / 0.25
+                                 + 0.5 * all_reduce(count * 2))

@@ -47,7 +47,7 @@ KiB, MiB = 1024, 1024 * 1024
 ATTENTION_SHAPES = [(2, 4, 256, 64), (1, 8, 512, 64)]
 ELEMENTWISE_SHAPES = [(512, 256, 1024), (1024, 512, 2048)]
 QUICK = {"gemm_sizes": [256, 512, 1024, 2048], "gemm_repeats": 3, "mem_bytes": 256 * MiB,
-         "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB], "comm_trials": 9}
+         "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB], "comm_trials": 15}
 FULL = {"gemm_sizes": [128, 256, 512, 1024, 2048], "gemm_repeats": 5, "mem_bytes": 256 * MiB,
         "mem_repeats": 10, "comm_sizes": [4 * KiB * 4**i for i in range(8)], "comm_trials": 21}
 COMM_BURST = 384  # square GEMM run before each timed collective (~0.1 GFLOP, ~1 ms on a core)

@@ -131,8 +131,9 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     writes a 1-byte mask too. Eager PyTorch (torchtitan without compile): RMSNorm in fp32
     (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
     complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
-    native kernels either way. Counts are for 16-bit elements and scale with the element
-    size (fp32 training: x2).
+    native kernels either way. MoE layers add routing their tokens to the experts and back
+    (``moe_permute_elements_per_token``). Counts are for 16-bit elements and scale with the
+    element size (fp32 training: x2).
     """
     h = model.hidden_size
     t = plan.tp
@@ -150,8 +151,31 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     per_token += act * ffn / etp
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
+    if moe:
+        per_token += 2.0 * moe_permute_elements_per_token(model, plan, eager=eager)
     # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
     return per_token * training.compute_bytes / 2
+
+
+def moe_permute_elements_per_token(model: ModelSpec, plan: ParallelPlan, *,
+                                   eager: bool) -> float:
+    """Elements read plus written per token to route it to its top-k experts and back (one
+    MoE layer, forward), outside the GEMMs and the all-to-all.
+
+    Fused (Megatron's ``moe_permute_fusion`` / Transformer Engine): permute reads the token
+    and writes its k copies, unpermute reads the k expert outputs with their probabilities
+    and writes one token: 2h + 2kh. Eager (index ops, as in the executor and unfused
+    dispatchers): five gathers/scatters of the k copies (dispatch, gather for each expert,
+    scatter of its output, combine gather, probability scale) each read and write k*h, then
+    a scatter-add into a zeroed output (h zeros, k*h reads, h writes): 11kh + 2h; padded
+    capacity buffers (``moe_capacity_factor`` c) are zero-filled twice (dispatch buffer and
+    expert output): 2ckh more.
+    """
+    h, k = model.hidden_size, model.moe_top_k
+    if not eager:
+        return 2.0 * h + 2.0 * k * h
+    padded = 2.0 * plan.moe_capacity_factor * k * h if plan.moe_capacity_factor else 0.0
+    return 11.0 * k * h + 2.0 * h + padded
 
 
 @dataclass(frozen=True)
