@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +30,15 @@ from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TIME_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+              "optimizer", "exposed_comm")
+"""Time parts of a report (``StepReport.time_s`` keys), in ``SearchResult.to_frame`` order."""
 
 Progress = Callable[[int, int], None]
 
@@ -54,6 +62,51 @@ class SearchResult:
     @property
     def best(self) -> StepReport | None:
         return self.reports[0] if self.reports else None
+
+    def to_frame(self) -> pd.DataFrame:
+        """The ranked plans as a pandas DataFrame, one row per plan in rank order.
+
+        Columns: ``rank`` (1 = best), ``plan`` (the short string, e.g. ``tp=2 pp=4 dp=16
+        zero=2 mbs=1 zb-h1``), every ``ParallelPlan`` field (``tp``, ``pp``, ``dp``, ``cp``,
+        ``ep``, ``zero_stage``, ``micro_batch_size``, ``schedule``, ``recompute``, ...;
+        ``layers_per_stage`` as ``"19/21/21/19"`` or None, ``placement`` replaced by the bool
+        ``placed``), ``num_microbatches``, ``feasible``, ``step_time_s`` (s),
+        ``tokens_per_s`` (cluster), ``mfu``, ``hfu`` (fractions), ``model_tflops_per_gpu``,
+        ``memory_peak_gb`` and ``memory_headroom_gb`` (GiB, worst rank) and one column per
+        time part of the critical stage in seconds: ``compute_s``, ``bubble_s``,
+        ``tp_comm_s``, ``cp_comm_s``, ``ep_comm_s``, ``pp_comm_s``, ``dp_comm_s``,
+        ``optimizer_s``, ``exposed_comm_s``. Values are those of ``to_dict()["plans"]``.
+        """
+        import pandas as pd
+
+        plan_fields = [f for f in ParallelPlan.model_fields if f != "placement"]
+        time_cols = [f"{part}_s" for part in TIME_PARTS]
+        columns = (["rank", "plan", *plan_fields, "placed", "num_microbatches", "feasible",
+                    "step_time_s", "tokens_per_s", "mfu", "hfu", "model_tflops_per_gpu",
+                    "memory_peak_gb", "memory_headroom_gb", *time_cols])
+        rows = []
+        for rank, report in enumerate(self.reports, start=1):
+            plan = report.plan
+            row: dict[str, Any] = {"rank": rank,
+                                   "plan": report.extra.get("plan_short", "")}
+            for f in plan_fields:
+                value = plan.get(f)
+                if isinstance(value, list | tuple):
+                    value = "/".join(str(x) for x in value)
+                row[f] = value
+            if row.get("dp") is None:
+                row["dp"] = report.extra.get("dp")
+            row.update(
+                placed=plan.get("placement") is not None,
+                num_microbatches=report.extra.get("num_microbatches"),
+                feasible=report.feasible, step_time_s=report.step_time_s,
+                tokens_per_s=report.tokens_per_s, mfu=report.mfu, hfu=report.hfu,
+                model_tflops_per_gpu=report.model_tflops_per_gpu,
+                memory_peak_gb=report.memory_gb.get("peak"),
+                memory_headroom_gb=report.extra.get("memory_headroom_gb"))
+            row.update({f"{part}_s": report.time_s.get(part, 0.0) for part in TIME_PARTS})
+            rows.append(row)
+        return pd.DataFrame(rows, columns=columns)
 
     def to_dict(self) -> dict[str, Any]:
         return {

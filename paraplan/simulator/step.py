@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
 from paraplan.specs.training import TrainingSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TIME_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
              "optimizer", "exposed_comm")
@@ -69,6 +72,20 @@ class StepReport:
         out = asdict(self)
         out.update(out.pop("extra"))
         return out
+
+    def to_frame(self) -> pd.DataFrame:
+        """Time and memory breakdown as a tidy pandas DataFrame.
+
+        Columns ``category`` ("time" or "memory"), ``part`` (a key of ``time_s`` or
+        ``memory_gb``, in their order), ``value`` and ``unit`` ("s" for time, "GiB" for the
+        worst rank's memory, 2^30 bytes). Time parts are those of the critical stage; an
+        infeasible report has zero times. pandas is imported here, not with the simulator.
+        """
+        import pandas as pd
+
+        rows = [("time", part, float(value), "s") for part, value in self.time_s.items()]
+        rows += [("memory", part, float(value), "GiB") for part, value in self.memory_gb.items()]
+        return pd.DataFrame(rows, columns=["category", "part", "value", "unit"])
 
 
 @dataclass(frozen=True)
