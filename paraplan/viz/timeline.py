@@ -16,76 +16,103 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from paraplan.simulator.pipeline import simulate_pipeline  # noqa: E402
+from paraplan.specs.errors import SpecError  # noqa: E402
+from paraplan.viz.events import report_timeline  # noqa: E402
+from paraplan.viz.memory import draw_memory  # noqa: E402
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868"}
-MEMORY_COLORS = {"weights": "#4C72B0", "grads": "#8172B3", "optimizer": "#937860",
-                 "activations": "#DD8452", "other": "#8C8C8C"}
+"""Colour of each pass kind: forward, backward (input grad), weight grad."""
+P2P_COLOR = "#B0B0B0"
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+"""File types ``save_figure`` writes (matplotlib picks the format by suffix)."""
 
 
 def timeline_figure(report: dict[str, Any], title: str = "") -> plt.Figure:
-    """Figure with the pipeline timeline (top) and stacked memory per stage (bottom)."""
+    """Figure with the pipeline timeline (top; seconds) and stacked memory per stage (bottom;
+    GiB, see :func:`paraplan.viz.memory.draw_memory`)."""
     plan = report["plan"]
-    t_f, t_b = report["stage_forward_s"], report["stage_backward_s"]
-    p, m, v = len(t_f), report["num_microbatches"], plan.get("virtual_stages", 1)
-    timeline = simulate_pipeline(plan["schedule"] if p > 1 else "1f1b", t_f, t_b, m, v=v,
-                                 t_w=report.get("stage_wgrad_s"),
-                                 t_p2p=report.get("pp_p2p_s", 0.0), record_events=True)
+    timeline = report_timeline(report)
+    p, m = len(report["stage_forward_s"]), report["num_microbatches"]
+    v = plan.get("virtual_stages", 1)
     fig, (ax, axm) = plt.subplots(2, 1, figsize=(12, 3 + 0.45 * p + 3),
                                   gridspec_kw={"height_ratios": [max(2, p), 3]})
-    for ev in timeline.events:
-        ax.broken_barh([(ev.start_s, ev.end_s - ev.start_s)], (ev.stage - 0.4, 0.8),
-                       facecolors=COLORS.get(ev.kind, "#999999"), edgecolors="white",
-                       linewidth=0.3)
-        if m * v <= 32 and ev.end_s - ev.start_s > timeline.total_s / 150:
-            ax.text((ev.start_s + ev.end_s) / 2, ev.stage, str(ev.microbatch), ha="center",
-                    va="center", fontsize=6, color="white")
+    t_p2p = float(report.get("pp_p2p_s") or 0.0) if p > 1 else 0.0
+    for stage in range(p):  # one artist per stage and kind: fast for thousands of events
+        mine = [ev for ev in timeline.events if ev.stage == stage]
+        for kind, color in COLORS.items():
+            spans = [(ev.start_s, ev.end_s - ev.start_s) for ev in mine if ev.kind == kind]
+            if spans:
+                ax.broken_barh(spans, (stage - 0.4, 0.8), facecolors=color,
+                               edgecolors="white", linewidth=0.3)
+        if t_p2p > 0:  # the blocking send after every F/B op (pipeline module docstring)
+            ax.broken_barh([(ev.end_s, t_p2p) for ev in mine if ev.kind != "W"],
+                           (stage - 0.25, 0.5), facecolors=P2P_COLOR, linewidth=0)
+    if m * v <= 32:
+        for ev in timeline.events:
+            if ev.end_s - ev.start_s > timeline.total_s / 150:
+                ax.text((ev.start_s + ev.end_s) / 2, ev.stage, str(ev.microbatch),
+                        ha="center", va="center", fontsize=6, color="white")
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_yticks(range(p), [f"stage {i}" for i in range(p)])
     ax.set_xlim(0, timeline.total_s)
     ax.set_xlabel("time within the step (s); white gaps are pipeline bubbles")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in COLORS.items()
-               if any(e.kind == k for e in timeline.events)]
+    kinds = {e.kind for e in timeline.events}
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in COLORS.items() if k in kinds]
     labels = [{"F": "forward", "B": "backward", "W": "weight grad"}[k] for k in COLORS
-              if any(e.kind == k for e in timeline.events)]
+              if k in kinds]
+    if t_p2p > 0:
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=P2P_COLOR))
+        labels.append("p2p send")
     ax.legend(handles, labels, loc="upper right", fontsize=8)
     bubble = report["time_s"]["bubble"]
     ax.set_title(title or f"{plan.get('schedule')} pipeline: {p} stages x {m} micro-batches, "
                  f"bubble {bubble:.3g} s of a {report['step_time_s'] or timeline.total_s:.3g} s "
                  "step")
 
-    breakdown = report["memory_per_stage_breakdown_gb"]
-    bottoms = [0.0] * len(breakdown)
-    for key, color in MEMORY_COLORS.items():
-        vals = [b[key] for b in breakdown]
-        axm.bar(range(len(vals)), vals, bottom=bottoms, color=color, label=key)
-        bottoms = [x + y for x, y in zip(bottoms, vals, strict=True)]
-    cap = report.get("memory_capacity_gb")
-    if cap:
-        axm.axhline(cap, color="red", linestyle="--", linewidth=1, label=f"capacity {cap:g} GiB")
-    axm.set_xticks(range(len(breakdown)), [f"stage {i}" for i in range(len(breakdown))])
-    axm.set_ylabel("GiB per GPU")
-    axm.legend(fontsize=8, ncol=3, loc="upper right")
-    axm.set_title("memory per GPU by pipeline stage")
+    draw_memory(axm, report)
     fig.tight_layout()
     return fig
 
 
-def save_figure(fig: plt.Figure, path: str | Path) -> Path:
-    """Write ``fig`` atomically (temporary file + rename); the format follows the suffix."""
+def check_figure_path(path: str | Path, field: str = "--plot") -> Path:
+    """``path`` as a Path if it ends in a figure suffix (:data:`FIGURE_SUFFIXES`).
+
+    Raises:
+        SpecError: another suffix, or the path is an existing directory (names ``field``).
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.suffix.lower() not in FIGURE_SUFFIXES:
+        raise SpecError(f"{field}={str(path)!r} must end in .png, .svg or .pdf", field=field,
+                        value=str(path), allowed=list(FIGURE_SUFFIXES))
+    if target.is_dir():
+        raise SpecError(f"{field}={str(path)!r} is a directory; give a file name", field=field,
+                        value=str(path))
+    return target
+
+
+def save_figure(fig: plt.Figure, path: str | Path, *, field: str = "--plot") -> Path:
+    """Write ``fig`` atomically (temporary file + rename); the format follows the suffix.
+
+    Raises:
+        SpecError: the file or its directory cannot be written (names ``field``).
+    """
+    target = Path(path)
     suffix = target.suffix or ".png"
-    fd, tmp = tempfile.mkstemp(prefix=".paraplan-", suffix=suffix, dir=target.parent)
-    os.close(fd)
+    tmp: str | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".paraplan-", suffix=suffix, dir=target.parent)
+        os.close(fd)
         fig.savefig(tmp, dpi=130)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
         os.replace(tmp, target)
+    except OSError as exc:
+        raise SpecError(f"cannot write {field} {str(target)!r}: {exc.strerror or exc}",
+                        field=field, value=str(target)) from None
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return target
