@@ -238,8 +238,10 @@ def _print_cluster(out: Console, info: dict[str, Any]) -> None:
 
 
 # ---- simulate --------------------------------------------------------------------------------
-def _read_plan(text: str):
-    """A plan from inline text (tp=8,pp=4,...), a JSON object, or a JSON/YAML file path."""
+def _read_plan(text: str, field: str = "--plan"):
+    """A plan from inline text (tp=8,pp=4,...), a JSON object, or a JSON/YAML file path. A JSON
+    file may also be a paraplan plan JSON (``best --export json``, ``export --to json``), a
+    ``simulate`` report or a ``best`` result (its first feasible plan)."""
     from paraplan.specs.loaders import _as_path, read_yaml
     from paraplan.specs.plan import parse_plan
 
@@ -247,12 +249,37 @@ def _read_plan(text: str):
     path = _as_path(text) if looks_like_file else None
     if looks_like_file and path is None and text.lower().endswith((".json", ".yaml", ".yml")):
         raise SpecError(f"plan file {text!r} not found (give a path to a plan JSON/YAML, or an "
-                        "inline plan such as tp=8,pp=4,mbs=1)", field="--plan", value=text)
+                        "inline plan such as tp=8,pp=4,mbs=1)", field=field, value=text)
     if path is not None and path.is_file():
         if path.suffix.lower() == ".json":
-            return parse_plan(path.read_text(encoding="utf-8"))
+            return parse_plan(_unwrap_plan_json(_read_json_file(path, field), text, field))
         return parse_plan(read_yaml(path, "plan"))
     return parse_plan(text)
+
+
+def _read_json_file(path: Path, field: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read JSON {str(path)!r}: {exc}", field=field,
+                        value=str(path)) from None
+
+
+def _unwrap_plan_json(data: Any, text: str, field: str) -> Any:
+    """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``)."""
+    if not isinstance(data, dict):
+        return data
+    if str(data.get("format", "")).startswith("paraplan-plan/") and \
+            isinstance(data.get("plan"), dict):
+        return data["plan"]
+    if isinstance(data.get("plans"), list):
+        feasible = [p for p in data["plans"] if isinstance(p, dict) and p.get("feasible", True)]
+        if not feasible or not isinstance(feasible[0].get("plan"), dict):
+            raise SpecError(f"{text!r} lists no feasible plan", field=field, value=text)
+        return feasible[0]["plan"]
+    if "feasible" in data and isinstance(data.get("plan"), dict):
+        return data["plan"]
+    return data
 
 
 @app.command()
@@ -384,7 +411,7 @@ def best(
     no_flash: Annotated[bool, typer.Option("--no-flash-attention",
                                            help="Materialise s x s attention scores.")] = False,
     export: Annotated[ExportFormat | None, typer.Option(
-        help="Write the best plan for a trainer (needs --out).")] = None,
+        help="Write the best plan for a trainer, or as a plan JSON (needs --out).")] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="File for --export.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
     fmt: FormatOpt = Format.table,
@@ -406,10 +433,6 @@ def best(
     if out is not None and export is None:
         raise SpecError("--out needs --export FORMAT", field="--export", value=None,
                         allowed=[e.value for e in ExportFormat])
-    if export is not None and export is not ExportFormat.json:
-        raise SpecError(f"--export {export.value} is not available yet; use --export json "
-                        "(the plan JSON a trainer config is generated from)", field="--export",
-                        value=export.value, allowed=["json"])
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
     try:
@@ -427,15 +450,29 @@ def best(
     if explain:
         data["explain"] = _explain(data)
     if export is not None and out is not None:
-        from paraplan.export.files import write_atomic
-
-        write_atomic(out, json.dumps(data, indent=2, default=_json_default) + "\n")
-        if fmt is not Format.json:
-            sys.stderr.write(f"wrote {out}\n")
+        _export_best(result, data, spec_model, spec_cluster, training, export.value, out,
+                     quiet=fmt is Format.json)
     if fmt is Format.json:
         emit_json(data)
         return
     _print_best(console(), data, spec_model.name, spec_cluster)
+
+
+def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, training: Any,
+                 fmt: str, out: str, *, quiet: bool) -> None:
+    """Write the best feasible plan of a search as ``fmt`` (see ``paraplan export``); the plan
+    JSON keeps the whole search result under ``search``."""
+    from paraplan.cli_export import write_export
+    from paraplan.export import export_context
+    from paraplan.specs.plan import parse_plan
+
+    best = next((r for r in result.reports if r.feasible), None)
+    if best is None:
+        raise SpecError("--export: the search found no feasible plan to export",
+                        field="--export", value=fmt)
+    ctx = export_context(model, training, parse_plan(best.plan), cluster=cluster)
+    search = json.loads(json.dumps(data, default=_json_default))
+    write_export(fmt, ctx, out, report=best.to_dict(), search=search, quiet=quiet)
 
 
 _TIME_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
@@ -652,6 +689,11 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
 from paraplan.cli_executor import register as _register_executor  # noqa: E402
 
 _register_executor(app, Format, FormatOpt, emit_json)
+
+# ---- export (paraplan/cli_export.py) ---------------------------------------------------------
+from paraplan.cli_export import register as _register_export  # noqa: E402
+
+_register_export(app)
 
 
 # ---- entry point -----------------------------------------------------------------------------

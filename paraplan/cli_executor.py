@@ -3,7 +3,6 @@
 when one of them runs)."""
 
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -30,30 +29,11 @@ def _progress(enabled: bool):
 
 
 def _plan_dict(text: str) -> dict[str, Any]:
-    """A plan from inline text, a plan JSON/YAML file, a ``simulate`` StepReport JSON or a
-    ``best --export json`` file (its best plan)."""
+    """A plan from inline text, a plan JSON/YAML file, a plan JSON, a ``simulate`` StepReport
+    JSON or a ``best`` result (its best plan), as the executor's plan dict."""
     from paraplan.cli import _read_plan
-    from paraplan.specs.loaders import _as_path
-    from paraplan.specs.plan import parse_plan
 
-    path = _as_path(text) if "=" not in text and not text.startswith("{") else None
-    if path is not None and path.is_file() and path.suffix.lower() == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SpecError(f"cannot read plan JSON {text!r}: {exc}", field="PLAN",
-                            value=text) from None
-        if isinstance(data, dict) and isinstance(data.get("plans"), list):
-            feasible = [p for p in data["plans"] if p.get("feasible", True)]
-            if not feasible:
-                raise SpecError(f"{text!r} lists no feasible plan", field="PLAN", value=text)
-            data = feasible[0]["plan"]
-        elif isinstance(data, dict) and "feasible" in data and isinstance(data.get("plan"),
-                                                                            dict):
-            data = data["plan"]
-        plan = parse_plan(data)
-    else:
-        plan = _read_plan(text)
+    plan = _read_plan(text, field="PLAN")
     return plan.model_dump(exclude_none=True, exclude_defaults=True)
 
 

@@ -149,7 +149,9 @@ def test_best_json_contract(tmp_path: Path) -> None:
                 "memory_gb", "memory_per_stage_gb", "time_s", "plan"):
         assert key in first
     assert data["explain"]["top_rejections"]
-    assert json.loads(out.read_text()) == data
+    written = json.loads(out.read_text())  # the best plan's plan JSON, search kept inside
+    assert written["format"] == "paraplan-plan/1" and written["search"] == data
+    assert written["plan"]["tp"] == first["plan"]["tp"]
 
 
 def test_best_table_fix_and_explain() -> None:
@@ -163,7 +165,7 @@ def test_best_table_fix_and_explain() -> None:
     (("--fix", "foo=1"), "cannot pin 'foo'"),
     (("--fix", "tp=3"), "no legal plan"),
     (("--export", "json"), "--export needs --out"),
-    (("--export", "megatron", "--out", "x.sh"), "not available yet"),
+    (("--export", "yaml", "--out", "x.yaml"), "yaml"),
     (("--searcher", "magic"), "magic"),
 ])
 def test_best_bad_input_exits_2(extra: tuple[str, ...], needle: str) -> None:

@@ -1,0 +1,165 @@
+"""What every exporter needs: the plan resolved against a model, a run and a world size, with
+every derived quantity a trainer config is written from, and the error exporters raise.
+
+Derived quantities follow Megatron-LM's conventions (``megatron/training/arguments.py``):
+``dp = world / (tp * pp * cp)``; micro-batches per step ``m = global_batch / (mbs * dp)``
+(gradient-accumulation steps outside a pipeline); the model's ``L`` transformer layers are cut
+into ``pp * vpp`` model chunks, chunk ``c`` living on pipeline rank ``c % pp`` (Megatron's
+interleaved assignment); ranks are ordered tp fastest, then cp, dp, pp (Megatron-Core's
+default ``order="tp-cp-ep-dp-pp"``; expert-parallel groups are carved out of dp x cp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from paraplan.specs.checks import check_plan
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.errors import SpecError
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+RANK_ORDER = "tp-cp-ep-dp-pp"
+
+
+class ExportError(SpecError):
+    """The plan cannot be written for this trainer (a feature it lacks, or one of its rules
+    broken). The message names the plan field, its value and what the trainer allows."""
+
+
+def even_split(num_layers: int, chunks: int) -> list[int]:
+    """Layers per chunk as paraplan's simulator splits them (earlier chunks get the rest)."""
+    base, rem = divmod(num_layers, chunks)
+    return [base + (1 if i < rem else 0) for i in range(chunks)]
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """A plan ready to export: model, run, plan (``dp`` resolved) and the world size."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    plan: ParallelPlan
+    world_size: int
+    cluster_name: str | None = None
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas (dense parameters)."""
+        return self.plan.resolved_dp(self.world_size)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches each replica runs per optimizer step: gbs / (mbs * dp)."""
+        return self.training.global_batch_size // (self.plan.micro_batch_size * self.dp)
+
+    @property
+    def chunk_layers(self) -> list[int]:
+        """Transformer layers of each model chunk (``pp * vpp`` of them, in layer order)."""
+        return list(self.plan.layers_per_stage or
+                    even_split(self.model.num_layers, self.plan.pp * self.plan.virtual_stages))
+
+    @property
+    def rank_layers(self) -> list[int]:
+        """Transformer layers held by each pipeline rank (summed over its chunks)."""
+        pp = self.plan.pp
+        out = [0] * pp
+        for c, n in enumerate(self.chunk_layers):
+            out[c % pp] += n
+        return out
+
+    @property
+    def even(self) -> bool:
+        """Every model chunk has the same number of layers."""
+        return len(set(self.chunk_layers)) == 1
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Replicas of each expert: world / (etp * ep * pp) (Megatron-Core)."""
+        p = self.plan
+        return self.world_size // (p.expert_tp * p.ep * p.pp)
+
+    def derived(self) -> dict[str, Any]:
+        """Every quantity a trainer config derives from the plan (JSON-ready)."""
+        p = self.plan
+        return {
+            "world_size": self.world_size, "dp": self.dp,
+            "model_parallel_size": p.model_parallel_size,
+            "num_microbatches": self.num_microbatches,
+            "gradient_accumulation_steps": self.num_microbatches,
+            "tokens_per_step": self.training.global_batch_size * self.training.seq_len,
+            "sequences_per_replica_per_step": p.micro_batch_size * self.num_microbatches,
+            "virtual_stages": p.virtual_stages,
+            "layers_per_chunk": self.chunk_layers,
+            "layers_per_pipeline_rank": self.rank_layers,
+            "even_split": self.even,
+            "expert_tensor_parallel": p.expert_tp,
+            "expert_data_parallel": (self.expert_data_parallel if self.model.is_moe
+                                     else None),
+            "rank_order": RANK_ORDER,
+            "rank_order_note": "rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)); "
+                               "expert-parallel groups are carved out of dp x cp",
+        }
+
+
+def export_context(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, *,
+                   world_size: int | None = None, cluster: ClusterSpec | None = None
+                   ) -> ExportContext:
+    """Check the plan against the model, the run and the world and resolve ``dp``.
+
+    Give ``cluster`` (the plan's structural rules are checked on it, as ``simulate`` does) or
+    only ``world_size``.
+
+    Raises:
+        ExportError: the plan breaks a rule (every broken rule is listed).
+    """
+    if cluster is None and world_size is None:
+        raise ExportError("export needs the cluster or the world size", field="cluster")
+    if cluster is not None:
+        reasons = check_plan(model, cluster, training, plan)
+        world = cluster.num_gpus if plan.dp is None else plan.dp * plan.model_parallel_size
+    else:
+        world = int(world_size)  # type: ignore[arg-type]
+        reasons = _world_rules(model, training, plan, world)
+    if reasons:
+        raise ExportError("the plan cannot be exported: " + "; ".join(reasons), field="plan",
+                          value=plan.short())
+    dp = plan.resolved_dp(world)
+    resolved = plan.model_copy(update={"dp": dp})
+    return ExportContext(model, training, resolved, world,
+                         cluster.name if cluster is not None else None)
+
+
+def _world_rules(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                 world: int) -> list[str]:
+    """The structural rules that need only the world size (no cluster)."""
+    reasons = []
+    mp = plan.model_parallel_size
+    if world % mp:
+        reasons.append(f"tp*pp*cp = {mp} does not divide the world size {world}")
+        return reasons
+    dp = plan.resolved_dp(world)
+    if plan.dp is not None and plan.dp * mp != world:
+        reasons.append(f"dp*tp*pp*cp = {plan.dp * mp} does not equal the world size {world}")
+    if training.global_batch_size % (plan.micro_batch_size * dp):
+        reasons.append(f"global batch {training.global_batch_size} is not a multiple of "
+                       f"micro_batch_size*dp = {plan.micro_batch_size}*{dp}")
+    if model.num_attention_heads % plan.tp:
+        reasons.append(f"tp={plan.tp} does not divide the {model.num_attention_heads} heads")
+    chunks = plan.pp * plan.virtual_stages
+    if plan.layers_per_stage is None and model.num_layers < chunks:
+        reasons.append(f"{model.num_layers} layers cannot fill pp*vpp = {chunks} chunks")
+    if plan.layers_per_stage is not None and sum(plan.layers_per_stage) != model.num_layers:
+        reasons.append(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, not the "
+                       f"model's {model.num_layers} layers")
+    return reasons
+
+
+def refuse(field: str, value: Any, trainer: str, allowed: str) -> ExportError:
+    """An ExportError for a field the trainer cannot express (``field`` is a plan field, or
+    ``model.*`` / ``training.*``)."""
+    path = field if field.startswith(("model.", "training.")) else f"plan.{field}"
+    return ExportError(f"{path}={value!r} cannot be exported to {trainer}: {allowed}",
+                       field=path, value=value)

@@ -1,0 +1,210 @@
+"""Megatron-LM command-line arguments for a plan, pinned to Megatron-Core v0.15.
+
+Flag names are those ``megatron/training/arguments.py`` defines at ``core_v0.15.3`` (the
+recorded list is ``tests/data/trainer_keys/megatron_core_v0.15.txt``). v0.15 has no
+``--virtual-pipeline-model-parallel-size``: interleaving is
+``--num-layers-per-virtual-pipeline-stage`` (even chunks); uneven splits use
+``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` when the
+middle stages are equal, and ``--pipeline-model-parallel-layout`` otherwise.
+
+Rules checked before writing (Megatron's own asserts, see ../shared/trainer_configs.md):
+world % (tp*pp*cp) == 0, heads % tp == 0, query groups a multiple or divisor of tp, SP needs
+tp > 1, interleaving needs pp > 1, world % (etp*ep*pp) == 0, seq_len % (2*cp) == 0 with cp > 1.
+"""
+
+from __future__ import annotations
+
+from paraplan.export.common import ExportContext, refuse
+
+TRAINER = "Megatron-LM core_v0.15"
+VERSION = "core_v0.15.3"
+
+
+def megatron_args(ctx: ExportContext) -> list[str]:
+    """The plan as Megatron-LM flags (one flag or flag + value per list item).
+
+    Raises:
+        ExportError: a rule is broken or the plan uses something Megatron cannot express.
+    """
+    m, t, p = ctx.model, ctx.training, ctx.plan
+    _check(ctx)
+    args = [
+        f"--tensor-model-parallel-size {p.tp}",
+        f"--pipeline-model-parallel-size {p.pp}",
+        f"--context-parallel-size {p.cp}",
+    ]
+    if m.is_moe:
+        args += [f"--expert-model-parallel-size {p.ep}",
+                 f"--expert-tensor-parallel-size {p.expert_tp}"]
+    if p.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += _pipeline_split(ctx)
+    args += [
+        f"--micro-batch-size {p.micro_batch_size}",
+        f"--global-batch-size {t.global_batch_size}",
+        f"--seq-length {t.seq_len}",
+        f"--max-position-embeddings {max(t.seq_len, m.max_position_embeddings or 0)}",
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--ffn-hidden-size {m.ffn_hidden_size}",
+        f"--num-attention-heads {m.num_attention_heads}",
+    ]
+    if m.kv_heads != m.num_attention_heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    if m.head_dim is not None and m.head_dim != m.hidden_size // m.num_attention_heads:
+        args.append(f"--kv-channels {m.head_dim}")
+    args += _architecture(ctx)
+    args += _recompute(ctx)
+    args += _data_parallel(ctx)
+    args += _precision(ctx)
+    return args
+
+
+def _check(ctx: ExportContext) -> None:
+    m, t, p = ctx.model, ctx.training, ctx.plan
+    if p.sequence_parallel and p.tp == 1:
+        raise refuse("sequence_parallel", True, TRAINER, "--sequence-parallel needs tp > 1")
+    if p.virtual_stages > 1 and p.pp == 1:
+        raise refuse("virtual_stages", p.virtual_stages, TRAINER,
+                     "interleaving needs pipeline-model-parallel-size > 1")
+    kv = m.kv_heads
+    if kv % p.tp and p.tp % kv:
+        raise refuse("tp", p.tp, TRAINER, f"--num-query-groups {kv} must be a multiple or a "
+                     f"divisor of the tensor-parallel size")
+    if ctx.world_size % (p.expert_tp * p.ep * p.pp):
+        raise refuse("ep", p.ep, TRAINER, f"world {ctx.world_size} must be divisible by "
+                     f"etp*ep*pp = {p.expert_tp}*{p.ep}*{p.pp}")
+    if p.cp > 1 and t.seq_len % (2 * p.cp):
+        raise refuse("cp", p.cp, TRAINER, f"--seq-length {t.seq_len} must be divisible by "
+                     f"2*cp = {2 * p.cp} (load-balanced ring attention)")
+    if p.schedule == "gpipe":
+        raise refuse("schedule", "gpipe", TRAINER, "Megatron runs 1F1B (interleaved 1F1B "
+                     "with virtual stages); use schedule=1f1b")
+    if p.schedule == "zb-h1":
+        raise refuse("schedule", "zb-h1", TRAINER, "v0.15 has no zero-bubble schedule flag; "
+                     "use schedule=1f1b or interleaved")
+    if p.schedule == "interleaved" and p.virtual_stages == 1:
+        raise refuse("schedule", "interleaved", TRAINER, "interleaving needs virtual_stages "
+                     "> 1")
+    if p.placement is not None:
+        raise refuse("placement", "custom", TRAINER, "Megatron places ranks in its own order "
+                     "(tp-cp-ep-dp-pp); launch ranks in that order instead")
+    if p.dp_sync_interval != 1:
+        raise refuse("dp_sync_interval", p.dp_sync_interval, TRAINER,
+                     "Megatron synchronizes gradients every step (no local SGD / DiLoCo)")
+    if p.grad_compression_ratio != 1.0:
+        raise refuse("grad_compression_ratio", p.grad_compression_ratio, TRAINER,
+                     "Megatron has no gradient compression")
+
+
+def _pipeline_split(ctx: ExportContext) -> list[str]:
+    p, chunks = ctx.plan, ctx.chunk_layers
+    pp, v = p.pp, p.virtual_stages
+    if pp == 1:
+        return []
+    if ctx.even:
+        return [f"--num-layers-per-virtual-pipeline-stage {chunks[0]}"] if v > 1 else []
+    if v == 1:
+        first, last, middle = chunks[0], chunks[-1], chunks[1:-1]
+        if len(set(middle)) <= 1:
+            # The middle stages share the rest evenly (Megatron divides it by pp - 2).
+            return [f"--decoder-first-pipeline-num-layers {first}",
+                    f"--decoder-last-pipeline-num-layers {last}"]
+    # Any other split: one segment per model chunk in chunk order, embedding (E) on the first,
+    # loss (L) on the last, one t per transformer layer.
+    segments = ["t" * n for n in chunks]
+    segments[0] = "E" + segments[0]
+    segments[-1] = segments[-1] + "L"
+    return [f"--pipeline-model-parallel-layout {'|'.join(segments)}"]
+
+
+def _architecture(ctx: ExportContext) -> list[str]:
+    m = ctx.model
+    out = []
+    if m.activation == "swiglu":
+        out.append("--swiglu")
+    elif m.activation == "squared_relu":
+        out.append("--squared-relu")
+    elif m.activation not in ("gelu",):
+        raise refuse("model.activation", m.activation, TRAINER,
+                     "Megatron's MLP is gelu (default), --swiglu or --squared-relu")
+    out.append(f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}")
+    pos = {"rope": "rope", "learned": "learned_absolute"}.get(m.position_embedding)
+    if pos is None:
+        raise refuse("model.position_embedding", m.position_embedding, TRAINER,
+                     "rope or learned (alibi is not in Megatron-Core)")
+    out.append(f"--position-embedding-type {pos}")
+    if not m.tie_word_embeddings:
+        out.append("--untie-embeddings-and-output-weights")
+    if not m.use_bias:
+        out.append("--disable-bias-linear")
+    if m.qkv_bias and not m.use_bias:
+        out.append("--add-qkv-bias")
+    if m.is_moe:
+        out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.moe_top_k}",
+                f"--moe-ffn-hidden-size {m.expert_ffn}"]
+        if m.num_shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size "
+                       f"{m.num_shared_experts * m.expert_ffn}")
+        if m.first_dense_layers:
+            pattern = [0] * m.first_dense_layers + [1] * (m.num_layers - m.first_dense_layers)
+            out.append(f"--moe-layer-freq {pattern!r}".replace(" ", ""))
+        cf = ctx.plan.moe_capacity_factor
+        if cf is not None:
+            out += [f"--moe-expert-capacity-factor {cf:g}", "--moe-pad-expert-input-to-capacity"]
+    return out
+
+
+def _recompute(ctx: ExportContext) -> list[str]:
+    rc = ctx.plan.recompute
+    if rc == "none":
+        return []
+    if rc == "selective":
+        return ["--recompute-granularity selective"]
+    if rc == "full":
+        return ["--recompute-granularity full", "--recompute-method uniform",
+                "--recompute-num-layers 1"]
+    raise refuse("recompute", rc, TRAINER, "Megatron recomputes selective (attention core) "
+                 "or full layers; torchtitan's op-level checkpointing has no Megatron flag")
+
+
+def _data_parallel(ctx: ExportContext) -> list[str]:
+    p = ctx.plan
+    out = []
+    if p.zero_stage == 1:
+        out.append("--use-distributed-optimizer")
+    elif p.zero_stage in (2, 3):
+        strategy = "optim_grads" if p.zero_stage == 2 else "optim_grads_params"
+        out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+    if p.overlap_grad_reduce and ctx.dp > 1:
+        out.append("--overlap-grad-reduce")
+        if p.zero_stage == 1:
+            out.append("--overlap-param-gather")
+    if p.tp_comm_overlap:
+        if not p.sequence_parallel:
+            raise refuse("tp_comm_overlap", True, TRAINER, "--tp-comm-overlap needs "
+                         "--sequence-parallel")
+        out.append("--tp-comm-overlap")
+    return out
+
+
+def _precision(ctx: ExportContext) -> list[str]:
+    precision = ctx.training.precision
+    if precision == "bf16":
+        return ["--bf16"]
+    if precision == "fp16":
+        return ["--fp16"]
+    if precision == "fp8":
+        return ["--bf16", "--fp8-format hybrid"]
+    return []  # fp32: Megatron's default
+
+
+def megatron_script(ctx: ExportContext, header: list[str]) -> str:
+    """A bash snippet defining ``MEGATRON_ARGS`` (source it, then
+    ``torchrun ... pretrain_gpt.py "${MEGATRON_ARGS[@]}"``)."""
+    args = megatron_args(ctx)
+    lines = [f"# {h}" for h in header]
+    lines.append("MEGATRON_ARGS=(")
+    lines += [f"  {a}" for a in args]
+    lines.append(")")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,157 @@
+"""torchtitan TOML for a plan, pinned to the v0.2.2 ``JobConfig`` schema.
+
+Tables and keys are those of ``torchtitan/config/job_config.py`` at v0.2.2 (recorded in
+``tests/data/trainer_keys/torchtitan_v0.2.txt``): ``[training]``, ``[parallelism]``,
+``[activation_checkpoint]``. The file holds what the plan decides; merge it into a base
+config (model name and flavor, optimizer, data) such as
+``torchtitan/models/llama3/train_configs/llama3_70b.toml``.
+
+Mapping (torchtitan v0.2.2 semantics):
+- DP: ZeRO-0 is DDP (``data_parallel_replicate_degree = dp``); ZeRO-3 is FSDP2
+  (``data_parallel_shard_degree = dp``); ZeRO-2 is FSDP2 that keeps parameters gathered
+  after the forward (``fsdp_reshard_after_forward = "never"``). ZeRO-1 has no equivalent.
+- Batch: without PP ``local_batch_size`` is the micro-batch and ``global_batch_size`` larger
+  than ``local_batch_size * dp`` means gradient accumulation; with PP ``local_batch_size``
+  is the replica's batch per step and ``pipeline_parallel_microbatch_size`` the micro-batch
+  (``n_microbatches = local_batch_size // pipeline_parallel_microbatch_size``, which must be
+  at least the number of stages).
+- Pipeline split: always written explicitly as ``module_fqns_per_model_part`` (torchtitan's
+  default split counts the embedding and the output as layers, which is not paraplan's), with
+  the module names of torchtitan's Llama 3 / DeepSeek-V3 models (``tok_embeddings``,
+  ``layers.<i>``, ``norm``, ``output``).
+- Recompute: full -> ``mode = "full"``; op -> ``mode = "selective"``,
+  ``selective_ac_option = "op"``; Megatron's selective (attention core) has no equivalent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from paraplan.export.common import ExportContext, refuse
+
+TRAINER = "torchtitan v0.2.2"
+VERSION = "v0.2.2"
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+
+
+def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
+    """The plan as torchtitan TOML tables (``{table: {key: value}}``).
+
+    Raises:
+        ExportError: a rule is broken or the plan uses something torchtitan cannot express.
+    """
+    m, t, p = ctx.model, ctx.training, ctx.plan
+    _check(ctx)
+    mbs, micro = p.micro_batch_size, ctx.num_microbatches
+    training: dict[str, Any] = {
+        "local_batch_size": mbs * micro if p.pp > 1 else mbs,
+        "global_batch_size": t.global_batch_size,
+        "seq_len": t.seq_len,
+        "mixed_precision_param": "float32" if t.precision == "fp32" else "bfloat16",
+    }
+    par: dict[str, Any] = {
+        "data_parallel_replicate_degree": ctx.dp if p.zero_stage == 0 else 1,
+        "data_parallel_shard_degree": 1 if p.zero_stage == 0 else ctx.dp,
+        "tensor_parallel_degree": p.tp,
+        "pipeline_parallel_degree": p.pp,
+        "context_parallel_degree": p.cp,
+        "expert_parallel_degree": p.ep,
+    }
+    if p.zero_stage == 2:
+        par["fsdp_reshard_after_forward"] = "never"
+    if m.is_moe:
+        par["expert_tensor_parallel_degree"] = p.expert_tp
+    if p.tp_comm_overlap:
+        par["enable_async_tensor_parallel"] = True
+    if p.pp > 1:
+        schedule = SCHEDULES.get(p.schedule)
+        if p.schedule == "zb-h1":
+            schedule = "InterleavedZeroBubble"
+        par["pipeline_parallel_schedule"] = schedule
+        par["pipeline_parallel_microbatch_size"] = mbs
+        par["module_fqns_per_model_part"] = _model_parts(ctx)
+    ac: dict[str, Any] = {"mode": {"none": "none", "full": "full", "op": "selective"}[p.recompute]}
+    if p.recompute == "op":
+        ac["selective_ac_option"] = "op"
+    return {"training": training, "parallelism": par, "activation_checkpoint": ac}
+
+
+def _check(ctx: ExportContext) -> None:
+    m, t, p = ctx.model, ctx.training, ctx.plan
+    if p.zero_stage == 1:
+        raise refuse("zero_stage", 1, TRAINER, "torchtitan shards with FSDP2: zero_stage=3, or "
+                     "2 (fsdp_reshard_after_forward = never), or 0 for DDP")
+    if p.ep > 1 and p.zero_stage == 0:
+        raise refuse("ep", p.ep, TRAINER, "expert parallelism is carved out of the FSDP "
+                     "dimension; use zero_stage=2 or 3")
+    if m.is_moe and p.expert_tp not in (1, p.tp):
+        raise refuse("etp", p.expert_tp, TRAINER, f"expert_tensor_parallel_degree must be 1 "
+                     f"or tp={p.tp}")
+    if p.cp > 1 and t.seq_len % (2 * p.cp):
+        raise refuse("cp", p.cp, TRAINER, f"seq_len {t.seq_len} must be divisible by 2*cp = "
+                     f"{2 * p.cp} (head-tail load balancing)")
+    if p.recompute == "selective":
+        raise refuse("recompute", "selective", TRAINER, "torchtitan's selective checkpointing "
+                     "is op-level (recompute=op) or every n-th layer; Megatron's attention-core "
+                     "recompute has no torchtitan option")
+    if t.precision in ("fp16", "fp8"):
+        raise refuse("training.precision", t.precision, TRAINER, "bf16 or fp32 "
+                     "(mixed_precision_param); fp8 needs torchtitan's float8 converter, which "
+                     "paraplan does not write")
+    if p.schedule == "zb-h1" and p.virtual_stages == 1:
+        raise refuse("schedule", "zb-h1", TRAINER, "torchtitan's zero-bubble schedules "
+                     "(InterleavedZeroBubble, ZBVZeroBubble) need virtual_stages > 1")
+    if p.pp > 1 and ctx.num_microbatches < p.pp * p.virtual_stages:
+        raise refuse("micro_batch_size", p.micro_batch_size, TRAINER,
+                     f"{ctx.num_microbatches} micro-batches per step is fewer than the "
+                     f"{p.pp * p.virtual_stages} pipeline stages; torchtitan needs at least one "
+                     "per stage")
+    if p.placement is not None:
+        raise refuse("placement", "custom", TRAINER, "torchtitan builds its device mesh in "
+                     "rank order ([pp, dp_replicate, fsdp, tp])")
+    if p.dp_sync_interval != 1 or p.grad_compression_ratio != 1.0:
+        raise refuse("dp_sync_interval" if p.dp_sync_interval != 1 else
+                     "grad_compression_ratio",
+                     p.dp_sync_interval if p.dp_sync_interval != 1 else
+                     p.grad_compression_ratio, TRAINER,
+                     "torchtitan v0.2.2 synchronizes full gradients every step")
+
+
+def _model_parts(ctx: ExportContext) -> list[list[str]]:
+    parts, layer = [], 0
+    chunks = ctx.chunk_layers
+    for c, n in enumerate(chunks):
+        names = [f"layers.{i}" for i in range(layer, layer + n)]
+        layer += n
+        if c == 0:
+            names.insert(0, "tok_embeddings")
+        if c == len(chunks) - 1:
+            names += ["norm", "output"]
+        parts.append(names)
+    return parts
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def torchtitan_toml(ctx: ExportContext, header: list[str]) -> str:
+    """The TOML text (tables in the order training, parallelism, activation_checkpoint)."""
+    tables = torchtitan_config(ctx)
+    lines = [f"# {h}" for h in header]
+    if ctx.plan.tp > 1 and not ctx.plan.sequence_parallel:
+        lines.append("# note: torchtitan's tensor parallelism always shards the norms along "
+                     "the sequence (as sequence_parallel=true), which only lowers memory")
+    for name, table in tables.items():
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
