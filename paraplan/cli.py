@@ -695,6 +695,11 @@ from paraplan.cli_export import register as _register_export  # noqa: E402
 
 _register_export(app)
 
+# ---- explain (paraplan/cli_explain.py) --------------------------------------------------------
+from paraplan.cli_explain import register as _register_explain  # noqa: E402
+
+_register_explain(app, Format, FormatOpt, emit_json)
+
 
 # ---- entry point -----------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
