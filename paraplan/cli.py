@@ -149,6 +149,9 @@ def describe(
     nodes: Annotated[
         int | None, typer.Option("--nodes", "-n", help="Number of nodes (one node type).")
     ] = None,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="Draw the cluster topology to this PNG/SVG/PDF (needs --cluster).")
+    ] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Show a model's shape and parameter counts, or a cluster's GPUs, peak and links.
@@ -161,11 +164,21 @@ def describe(
                         allowed="--model NAME|PATH, --cluster NAME|PATH")
     if nodes is not None and cluster is None:
         raise SpecError("--nodes needs --cluster", field="--nodes", value=nodes)
+    if plot is not None and cluster is None:
+        raise SpecError("--plot draws a cluster's topology and needs --cluster", field="--plot",
+                        value=plot)
+    _check_output_paths(plot=plot)
     result: dict[str, Any] = {}
     if model is not None:
         result["model"] = load_model(model).describe()
     if cluster is not None:
         result["cluster"] = _describe_cluster(cluster, nodes)
+    if plot is not None and cluster is not None:
+        from paraplan.viz.timeline import save_figure
+        from paraplan.viz.topology import topology_figure
+
+        save_figure(topology_figure(load_cluster(cluster, nodes=nodes)), plot, field="--plot")
+        _wrote(plot, fmt)
     if fmt is Format.json:
         emit_json(result["model"] if len(result) == 1 and "model" in result
                   else result["cluster"] if len(result) == 1 else result)
@@ -297,6 +310,9 @@ def simulate(
     plot: Annotated[str | None, typer.Option(
         "--plot", help="Write the pipeline timeline and memory per stage to this PNG/SVG/PDF."
     )] = None,
+    trace: Annotated[str | None, typer.Option(
+        "--trace", help="Write the pipeline as a Chrome/Perfetto trace to this .json file."
+    )] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Simulate one plan: step time, MFU, memory per GPU and where the time goes.
@@ -310,6 +326,7 @@ def simulate(
     from paraplan.specs.errors import from_validation_error
     from paraplan.specs.training import TrainingSpec
 
+    _check_output_paths(plot=plot, trace=trace)
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
     spec_plan = _read_plan(plan)
@@ -319,27 +336,49 @@ def simulate(
     except ValidationError as exc:
         raise from_validation_error(exc, "training") from None
     report = run_simulation(spec_model, spec_cluster, training, spec_plan).to_dict()
-    if plot is not None:
-        if not report["feasible"] or "stage_forward_s" not in report:
-            raise SpecError("--plot needs a feasible plan; this one is not: "
-                            + "; ".join(report["reasons"]), field="--plot", value=plot)
-        if Path(plot).suffix.lower() not in (".png", ".svg", ".pdf"):
-            raise SpecError(f"--plot={plot!r} must end in .png, .svg or .pdf", field="--plot",
-                            value=plot, allowed=[".png", ".svg", ".pdf"])
-        from paraplan.viz.timeline import save_figure, timeline_figure
-
-        try:
-            save_figure(timeline_figure(report), plot)
-        except OSError as exc:
-            raise SpecError(f"cannot write --plot {plot!r}: {exc.strerror or exc}",
-                            field="--plot", value=plot) from None
-        if fmt is not Format.json:
-            sys.stderr.write(f"wrote {plot}\n")
+    _write_report_outputs(report, fmt, plot=plot, trace=trace)
     if fmt is Format.json:
         emit_json(report)
         return
     print_report(console(), report, f"{spec_model.name} on {spec_cluster.num_gpus}x "
                  f"{'+'.join(spec_cluster.gpu_types)}")
+
+
+def _check_output_paths(*, plot: str | None = None, trace: str | None = None) -> None:
+    """Reject a bad --plot (not .png/.svg/.pdf) or --trace (not .json) before any work."""
+    if plot is not None:
+        from paraplan.viz.timeline import check_figure_path
+
+        check_figure_path(plot, "--plot")
+    if trace is not None and (Path(trace).suffix.lower() != ".json" or Path(trace).is_dir()):
+        raise SpecError(f"--trace={trace!r} must be a file name ending in .json", field="--trace",
+                        value=trace, allowed=[".json"])
+
+
+def _wrote(path: str, fmt: Format) -> None:
+    """Tell a person (not a program reading JSON) which file was written."""
+    if fmt is not Format.json:
+        sys.stderr.write(f"wrote {path}\n")
+
+
+def _write_report_outputs(report: dict[str, Any], fmt: Format, *, plot: str | None = None,
+                          trace: str | None = None) -> None:
+    """Write a StepReport's timeline + memory figure (--plot) and Chrome trace (--trace),
+    atomically; both need a feasible plan."""
+    for field, path in (("--plot", plot), ("--trace", trace)):
+        if path is not None and (not report["feasible"] or "stage_forward_s" not in report):
+            raise SpecError(f"{field} needs a feasible plan; this one is not: "
+                            + "; ".join(report["reasons"]), field=field, value=path)
+    if plot is not None:
+        from paraplan.viz.timeline import save_figure, timeline_figure
+
+        save_figure(timeline_figure(report), plot, field="--plot")
+        _wrote(plot, fmt)
+    if trace is not None:
+        from paraplan.viz.trace import write_chrome_trace
+
+        write_chrome_trace(report, trace, field="--trace")
+        _wrote(trace, fmt)
 
 
 # ---- best ------------------------------------------------------------------------------------
@@ -414,6 +453,9 @@ def best(
         help="Write the best plan for a trainer, or as a plan JSON (needs --out).")] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="File for --export.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
+    plot: Annotated[str | None, typer.Option(
+        "--plot", help="Write the best plan's pipeline timeline and memory per stage to this "
+        "PNG/SVG/PDF.")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
@@ -433,6 +475,7 @@ def best(
     if out is not None and export is None:
         raise SpecError("--out needs --export FORMAT", field="--export", value=None,
                         allowed=[e.value for e in ExportFormat])
+    _check_output_paths(plot=plot)
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
     try:
@@ -449,6 +492,8 @@ def best(
     data = result.to_dict()
     if explain:
         data["explain"] = _explain(data)
+    if plot is not None and data["plans"]:
+        _write_report_outputs(data["plans"][0], fmt, plot=plot)
     if export is not None and out is not None:
         _export_best(result, data, spec_model, spec_cluster, training, export.value, out,
                      quiet=fmt is Format.json)

@@ -246,7 +246,7 @@ def topology_figure(cluster: ClusterSpec, title: str = "", max_nodes_shown: int 
     irl = cluster.intra_region_link
     ax.set_title(title or f"{cluster.name}: {cluster.num_gpus} GPUs on {cluster.num_nodes} "
                  f"nodes in {len(regions)} region{'s' * (len(regions) > 1)}, "
-                 f"{peak / 1000:.3g} PFLOP/s 16-bit peak"
+                 f"{peak / 1000:{',.0f' if peak >= 1e5 else '.3g'}} PFLOP/s 16-bit peak"
                  + ("" if irl is None else f"\nbetween nodes of a region: {_link_text(irl)} "
                     "per GPU pair"), fontsize=10)
     if matrix:
