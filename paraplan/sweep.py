@@ -18,7 +18,7 @@ every value. Pure: no plotting, no I/O (``paraplan.viz.sensitivity`` draws the f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +51,16 @@ Progress = Callable[[int, int], None]
 """Called as ``progress(done, total)`` after each value."""
 
 
-def _check_values(parameter: str, values: Sequence[Any]) -> list[float | int]:
+def _check_values(parameter: str, values: Iterable[Any]) -> list[float | int]:
     """The sweep values as numbers (ints for counts); SpecError names the bad one."""
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | range) \
-            or len(values) == 0:
-        raise SpecError(f"sweep values={values!r} must be a non-empty list of numbers",
-                        field="values", value=values, allowed="a non-empty list of numbers")
+    given = values
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
+        values = []  # not a collection of numbers: reported below
+    values = list(values)
+    if not values:
+        raise SpecError(f"sweep of {parameter}: values={given!r} must be a non-empty list of "
+                        "numbers", field="values", value=given,
+                        allowed="a non-empty list of numbers")
     integer = parameter != "inter_node_bandwidth"
     allowed = ("positive integers" if integer
                else "positive multipliers of the inter-node bandwidth (1 = as given)")
@@ -129,7 +133,7 @@ def _row(parameter: str, value: float | int, cluster: ClusterSpec, training: Tra
 
 
 def sweep(model: ModelSpec | str, cluster: ClusterSpec | str, training: TrainingSpec, *,
-          parameter: str, values: Sequence[float | int],
+          parameter: str, values: Iterable[float | int],
           plan: ParallelPlan | str | dict[str, Any] | None = None,
           searcher: str = "exhaustive", progress: Progress | None = None) -> pd.DataFrame:
     """Simulate (``plan`` given) or search (``plan=None``) at every value of one knob.
@@ -140,7 +144,8 @@ def sweep(model: ModelSpec | str, cluster: ClusterSpec | str, training: Training
         training: The training setup (its ``global_batch_size`` is replaced when sweeping
             ``"global_batch"``).
         parameter: One of :data:`PARAMETERS` (module docstring: what the values mean).
-        values: The values, in the order the rows should have.
+        values: The values (a list, range, numpy array, ...), in the order the rows
+            should have.
         plan: A fixed plan (ParallelPlan, inline ``tp=2,pp=2,...`` text or dict), or None to
             search the best plan at each value.
         searcher: The searcher when ``plan`` is None (``paraplan.search.SEARCHERS``).
