@@ -55,7 +55,7 @@ def draw_memory(ax: Axes, report: dict[str, Any], title: str = "") -> None:
                     xytext=(0, 4), textcoords="offset points", ha="center", va="bottom",
                     fontsize=8, fontweight="bold")
     top = max([*bottoms, *(caps or [0.0]), cap or 0.0, 1e-9])
-    ax.set_ylim(0, top * 1.18)
+    ax.set_ylim(0, top * 1.45)  # headroom for the legend above the capacity line
     step = max(1, n // 16)  # at most ~16 tick labels
     ax.set_xticks(range(0, n, step), [f"stage {i}" for i in range(0, n, step)],
                   fontsize=8 if n > 8 else 10)
