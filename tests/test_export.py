@@ -316,3 +316,35 @@ def test_cli_best_export_megatron_writes_flags_and_plan_json(tmp_path: Path) -> 
     # The bash snippet is valid bash.
     check = subprocess.run(["bash", "-n", str(out)], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_every_flag_the_megatron_exporter_can_write_is_recorded() -> None:
+    """Not only the flags the test plans happen to use: every flag literal in the exporter."""
+    import re
+
+    import paraplan.export.megatron as mod
+
+    src = Path(mod.__file__).read_text(encoding="utf-8")
+    flags = set(re.findall(r"\"(--[a-z0-9-]+)", src))
+    assert len(flags) > 30
+    assert flags <= recorded("megatron_core_v0.15.txt")
+
+
+def test_every_moe_and_overlap_variant_exports_recorded_keys() -> None:
+    """Variants the six plans miss: capacity padding, shared experts, dense first layers,
+    ZeRO-2/3 via Megatron-FSDP, TP comm overlap, fp8, a first/last split with vpp."""
+    ctx, _ = context("moe-ep-pp")
+    model = ctx.model.model_copy(update={"num_shared_experts": 1, "first_dense_layers": 1})
+    plan = ctx.plan.model_copy(update={"moe_capacity_factor": 1.25, "tp_comm_overlap": True})
+    variants = [
+        type(ctx)(model, ctx.training.model_copy(update={"precision": "fp8"}), plan,
+                  ctx.world_size),
+        type(ctx)(ctx.model, ctx.training, ctx.plan.model_copy(update={"zero_stage": 3}),
+                  ctx.world_size),
+    ]
+    for v in variants:
+        flags = megatron_flags(export_text("megatron", v))
+        assert set(flags) <= recorded("megatron_core_v0.15.txt")
+    flags = megatron_flags(export_text("megatron", variants[0]))
+    assert flags["--moe-expert-capacity-factor"] == ["1.25"]
+    assert "--tp-comm-overlap" in flags and "--fp8-format" in flags

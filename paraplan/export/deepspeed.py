@@ -21,7 +21,7 @@ from typing import Any
 from paraplan.export.common import ExportContext, ExportError, refuse
 
 TRAINER = "DeepSpeed"
-VERSION = "0.18"
+VERSION = "config keys recorded 2026-11"
 
 
 def deepspeed_config(ctx: ExportContext) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Megatron-LM command-line arguments for a plan, pinned to Megatron-Core v0.15.
 
-Flag names are those ``megatron/training/arguments.py`` defines at ``core_v0.15.3`` (the
-recorded list is ``tests/data/trainer_keys/megatron_core_v0.15.txt``). v0.15 has no
+Flag names are those ``megatron/training/arguments.py`` defines in the v0.15 line (recorded
+from a v0.15-era commit in ``tests/data/trainer_keys/megatron_core_v0.15.txt``). v0.15 has no
 ``--virtual-pipeline-model-parallel-size``: interleaving is
 ``--num-layers-per-virtual-pipeline-stage`` (even chunks); uneven splits use
 ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` when the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from paraplan.export.common import ExportContext, refuse
 
-TRAINER = "Megatron-LM core_v0.15"
-VERSION = "core_v0.15.3"
+TRAINER = "Megatron-LM"
+VERSION = "core_v0.15"
 
 
 def megatron_args(ctx: ExportContext) -> list[str]:
@@ -148,7 +148,7 @@ def _architecture(ctx: ExportContext) -> list[str]:
                        f"{m.num_shared_experts * m.expert_ffn}")
         if m.first_dense_layers:
             pattern = [0] * m.first_dense_layers + [1] * (m.num_layers - m.first_dense_layers)
-            out.append(f"--moe-layer-freq {pattern!r}".replace(" ", ""))
+            out.append("--moe-layer-freq " + str(pattern).replace(" ", ""))
         cf = ctx.plan.moe_capacity_factor
         if cf is not None:
             out += [f"--moe-expert-capacity-factor {cf:g}", "--moe-pad-expert-input-to-capacity"]

@@ -20,7 +20,7 @@ import yaml
 from paraplan.export.common import ExportContext, ExportError, refuse
 
 TRAINER = "nanotron"
-VERSION = "0.4"
+VERSION = "config keys recorded 2026-11"
 
 
 def nanotron_config(ctx: ExportContext) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from paraplan.export.common import ExportContext, refuse
 
-TRAINER = "torchtitan v0.2.2"
+TRAINER = "torchtitan"
 VERSION = "v0.2.2"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
