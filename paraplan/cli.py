@@ -54,6 +54,19 @@ class Format(StrEnum):
 FormatOpt = Annotated[
     Format, typer.Option("--format", "-f", help="table (for people) or json (for programs).")
 ]
+# Goodput under failures (paraplan/simulator/goodput.py): shared by simulate and best.
+MtbfOpt = Annotated[float | None, typer.Option(
+    "--mtbf-hours", help="Per-GPU mean time between failures (hours): adds goodput and the "
+    "optimal checkpoint interval (Young/Daly).")]
+CkptWriteOpt = Annotated[float | None, typer.Option(
+    "--checkpoint-write-s", help="Seconds training pauses per checkpoint.")]
+StorageOpt = Annotated[float | None, typer.Option(
+    "--storage-GBps", help="Aggregate checkpoint storage bandwidth (GB/s): derives the write "
+    "(and, without --restart-s, the reload) time from the checkpoint size.")]
+RestartOpt = Annotated[float | None, typer.Option(
+    "--restart-s", help="Seconds from an interruption back to training.")]
+PreemptOpt = Annotated[float, typer.Option(
+    "--preemption-rate", help="Spot preemptions per GPU-hour.")]
 
 
 def emit_json(data: Any) -> None:
@@ -313,6 +326,11 @@ def simulate(
     trace: Annotated[str | None, typer.Option(
         "--trace", help="Write the pipeline as a Chrome/Perfetto trace to this .json file."
     )] = None,
+    mtbf_hours: MtbfOpt = None,
+    checkpoint_write_s: CkptWriteOpt = None,
+    storage_gbps: StorageOpt = None,
+    restart_s: RestartOpt = None,
+    preemption_rate: PreemptOpt = 0.0,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Simulate one plan: step time, MFU, memory per GPU and where the time goes.
@@ -336,12 +354,76 @@ def simulate(
     except ValidationError as exc:
         raise from_validation_error(exc, "training") from None
     report = run_simulation(spec_model, spec_cluster, training, spec_plan).to_dict()
+    gp = _goodput(report, spec_model, mtbf_hours, checkpoint_write_s, storage_gbps, restart_s,
+                  preemption_rate)
+    if gp is not None:
+        report["goodput"] = gp
     _write_report_outputs(report, fmt, plot=plot, trace=trace)
     if fmt is Format.json:
         emit_json(report)
         return
     print_report(console(), report, f"{spec_model.name} on {spec_cluster.num_gpus}x "
                  f"{'+'.join(spec_cluster.gpu_types)}")
+    if gp is not None:
+        _print_goodput(console(), gp)
+
+
+def _goodput(report: dict[str, Any], model: Any, mtbf_hours: float | None,
+             write_s: float | None, storage_gbps: float | None, restart_s: float | None,
+             preempt: float) -> dict[str, Any] | None:
+    """The goodput section of a feasible report (None without --mtbf-hours)."""
+    from paraplan.simulator.goodput import checkpoint_bytes, goodput
+
+    given = {"--checkpoint-write-s": write_s, "--storage-GBps": storage_gbps,
+             "--restart-s": restart_s}
+    if mtbf_hours is None:
+        extra = [k for k, v in given.items() if v is not None]
+        if extra or preempt:
+            raise SpecError(f"{(extra or ['--preemption-rate'])[0]} needs --mtbf-hours (goodput "
+                            "under failures)", field="--mtbf-hours", value=None)
+        return None
+    if storage_gbps is not None and not storage_gbps > 0:
+        raise SpecError(f"--storage-GBps={storage_gbps!r} must be > 0", field="--storage-GBps",
+                        value=storage_gbps, allowed="> 0")
+    size = checkpoint_bytes(model.num_params)
+    if write_s is None:
+        if storage_gbps is None:
+            raise SpecError("--mtbf-hours needs --checkpoint-write-s or --storage-GBps (how "
+                            "long a checkpoint takes)", field="--checkpoint-write-s",
+                            value=None)
+        write_s = size / (storage_gbps * 1e9)
+    if restart_s is None:
+        if storage_gbps is None:
+            raise SpecError("--mtbf-hours needs --restart-s, or --storage-GBps to take the "
+                            "checkpoint reload time", field="--restart-s", value=None)
+        restart_s = size / (storage_gbps * 1e9)
+    if not report.get("feasible"):
+        return None
+    gp = goodput(int(report["num_gpus"]), mtbf_h=mtbf_hours, checkpoint_write_s=write_s,
+                 restart_s=restart_s, preempt_per_h=preempt).to_dict()
+    gp["checkpoint_bytes"] = size
+    gp["effective_tokens_per_s"] = report["tokens_per_s"] * gp["goodput"]
+    gp["note"] = ("interruptions are independent and exponential (Daly 2006); the checkpoint "
+                  "holds 16-bit weights plus fp32 master weights and Adam moments")
+    return gp
+
+
+def _print_goodput(out: Console, gp: dict[str, Any]) -> None:
+    table = Table(title="goodput under failures (Young/Daly)", title_justify="left",
+                  show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("job mean time between interruptions",
+                  f"{gp['job_mtbf_h']:.2f} h ({gp['interruptions_per_day']:.1f} per day)")
+    table.add_row("checkpoint write / restart",
+                  f"{gp['checkpoint_write_s']:.1f} s / {gp['restart_s']:.1f} s "
+                  f"({gp['checkpoint_bytes'] / 1e12:.2f} TB)")
+    table.add_row("optimal checkpoint interval (Daly)",
+                  f"{gp['optimal_interval_s'] / 60:.1f} min of work "
+                  f"(Young: {gp['young_interval_s'] / 60:.1f} min)")
+    table.add_row("goodput", f"{100 * gp['goodput']:.1f}%")
+    table.add_row("effective tokens/s", f"{gp['effective_tokens_per_s']:,.0f}")
+    out.print(table)
 
 
 def _check_output_paths(*, plot: str | None = None, trace: str | None = None) -> None:
@@ -456,6 +538,11 @@ def best(
     plot: Annotated[str | None, typer.Option(
         "--plot", help="Write the best plan's pipeline timeline and memory per stage to this "
         "PNG/SVG/PDF.")] = None,
+    mtbf_hours: MtbfOpt = None,
+    checkpoint_write_s: CkptWriteOpt = None,
+    storage_gbps: StorageOpt = None,
+    restart_s: RestartOpt = None,
+    preemption_rate: PreemptOpt = 0.0,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
@@ -492,6 +579,10 @@ def best(
     data = result.to_dict()
     if explain:
         data["explain"] = _explain(data)
+    gp = _goodput(data["plans"][0] if data["plans"] else {}, spec_model, mtbf_hours,
+                  checkpoint_write_s, storage_gbps, restart_s, preemption_rate)
+    if gp is not None:
+        data["goodput"] = gp
     if plot is not None and data["plans"]:
         _write_report_outputs(data["plans"][0], fmt, plot=plot)
     if export is not None and out is not None:
@@ -501,6 +592,8 @@ def best(
         emit_json(data)
         return
     _print_best(console(), data, spec_model.name, spec_cluster)
+    if gp is not None:
+        _print_goodput(console(), gp)
 
 
 def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, training: Any,
