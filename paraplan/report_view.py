@@ -59,3 +59,18 @@ def print_report(out: Console, report: dict[str, Any], title: str) -> None:
     if len(report["memory_per_stage_gb"]) > 1:
         out.print("memory per stage (GiB): " + ", ".join(
             f"{x:.1f}" for x in report["memory_per_stage_gb"]))
+    saved = report.get("communication_savings")
+    if saved:
+        parts = []
+        if saved["grad_compression"] != "none":
+            parts.append(f"{saved['grad_compression']} sends "
+                         f"{100 * saved['dp_bytes_fraction_per_sync']:.2g}% of the gradient "
+                         "bytes per sync")
+        if saved["dp_sync_interval"] > 1:
+            parts.append(f"replicas sync every {saved['dp_sync_interval']} steps")
+        if saved["pp_bytes_fraction"] < 1:
+            parts.append(f"pipeline sends carry {100 * saved['pp_bytes_fraction']:.3g}% of "
+                         "the activation bytes")
+        out.print(f"relaxed synchronization: {'; '.join(parts) or 'custom ratio'}: data-"
+                  f"parallel traffic {saved['dp_traffic_reduction']:,.3g}x lower; "
+                  f"{saved['note']}")

@@ -348,3 +348,17 @@ def test_every_moe_and_overlap_variant_exports_recorded_keys() -> None:
     flags = megatron_flags(export_text("megatron", variants[0]))
     assert flags["--moe-expert-capacity-factor"] == ["1.25"]
     assert "--tp-comm-overlap" in flags and "--fp8-format" in flags
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPORTERS))
+@pytest.mark.parametrize(("update", "field"), [
+    ({"grad_compression": "quantize", "compression_bits": 8}, "plan.grad_compression"),
+    ({"activation_compression_bits": 4}, "plan.activation_compression_bits"),
+])
+def test_compression_knobs_are_refused_by_every_trainer(fmt, update, field) -> None:
+    ctx, _ = context("plain")
+    bad = type(ctx)(ctx.model, ctx.training, ctx.plan.model_copy(update=update),
+                    ctx.world_size)
+    with pytest.raises(ExportError) as info:
+        export_text(fmt, bad)
+    assert info.value.field == field

@@ -255,6 +255,9 @@ def test_collective_efficiency_scales_only_its_kind():
         coll.p2p(1e8, 2.0 * pair.bandwidth_GBps * 1e9, pair.latency_s))
 
 
+MODEL_8B = load_model("llama3-8b")
+
+
 def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
     from paraplan.simulator.step import bucketed_grad_sync
 
@@ -262,8 +265,9 @@ def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
     topo, group = cluster.topology, tuple(range(16))
     training = TrainingSpec(global_batch_size=64, seq_len=2048)  # bf16, fp32 grad reduce
     count = 1e9
-    ddp = bucketed_grad_sync(topo, group, ParallelPlan(), training, count)
-    zero1 = bucketed_grad_sync(topo, group, ParallelPlan(zero_stage=1), training, count)
+    ddp = bucketed_grad_sync(topo, group, MODEL_8B, ParallelPlan(), training, count)
+    zero1 = bucketed_grad_sync(topo, group, MODEL_8B, ParallelPlan(zero_stage=1), training,
+                               count)
     buckets = count / 40e6
 
     def all_reduce(nbytes: float) -> float:
@@ -273,7 +277,7 @@ def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
     assert ddp == pytest.approx(all_reduce(count * g))
     assert zero1 == pytest.approx(0.5 * all_reduce(count * g) + 0.5 * all_reduce(count * 2))
     gloo_like = cluster.model_copy(update={"collective_efficiency": {"reduce_scatter": 0.25}})
-    slow = bucketed_grad_sync(gloo_like.topology, group, ParallelPlan(zero_stage=1), training,
-                              count)
+    slow = bucketed_grad_sync(gloo_like.topology, group, MODEL_8B, ParallelPlan(zero_stage=1),
+                              training, count)
     assert slow == pytest.approx(0.5 * all_reduce(count * g) / 0.25
                                  + 0.5 * all_reduce(count * 2))

@@ -163,3 +163,15 @@ def refuse(field: str, value: Any, trainer: str, allowed: str) -> ExportError:
     path = field if field.startswith(("model.", "training.")) else f"plan.{field}"
     return ExportError(f"{path}={value!r} cannot be exported to {trainer}: {allowed}",
                        field=path, value=value)
+
+
+def refuse_relaxed_sync(plan: ParallelPlan, trainer: str) -> None:
+    """Refuse the relaxed-synchronization knobs no pinned trainer config expresses
+    (gradient and activation compression; DiLoCo is ``dp_sync_interval``, checked by each
+    exporter with its own words)."""
+    if plan.grad_compression != "none":
+        raise refuse("grad_compression", plan.grad_compression, trainer,
+                     "no gradient compressor in its config; export without it")
+    if plan.activation_compression_bits is not None:
+        raise refuse("activation_compression_bits", plan.activation_compression_bits, trainer,
+                     "pipeline activations are sent uncompressed")

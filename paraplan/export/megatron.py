@@ -14,7 +14,7 @@ tp > 1, interleaving needs pp > 1, world % (etp*ep*pp) == 0, seq_len % (2*cp) ==
 
 from __future__ import annotations
 
-from paraplan.export.common import ExportContext, refuse
+from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
 
 TRAINER = "Megatron-LM"
 VERSION = "core_v0.15"
@@ -62,6 +62,7 @@ def megatron_args(ctx: ExportContext) -> list[str]:
 
 def _check(ctx: ExportContext) -> None:
     m, t, p = ctx.model, ctx.training, ctx.plan
+    refuse_relaxed_sync(ctx.plan, TRAINER)
     if p.sequence_parallel and p.tp == 1:
         raise refuse("sequence_parallel", True, TRAINER, "--sequence-parallel needs tp > 1")
     if p.virtual_stages > 1 and p.pp == 1:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from paraplan.export.common import ExportContext, ExportError, refuse
+from paraplan.export.common import ExportContext, ExportError, refuse, refuse_relaxed_sync
 
 TRAINER = "nanotron"
 VERSION = "config keys recorded 2026-11"
@@ -66,6 +66,7 @@ def nanotron_config(ctx: ExportContext) -> dict[str, Any]:
 
 def _check(ctx: ExportContext) -> None:
     m, t, p = ctx.model, ctx.training, ctx.plan
+    refuse_relaxed_sync(ctx.plan, TRAINER)
     if p.zero_stage > 1:
         raise refuse("zero_stage", p.zero_stage, TRAINER, "nanotron shards optimizer states "
                      "only (zero_stage 0 or 1)")

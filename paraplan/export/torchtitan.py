@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from paraplan.export.common import ExportContext, refuse
+from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
 
 TRAINER = "torchtitan"
 VERSION = "v0.2.2"
@@ -79,6 +79,7 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
 
 def _check(ctx: ExportContext) -> None:
     m, t, p = ctx.model, ctx.training, ctx.plan
+    refuse_relaxed_sync(ctx.plan, TRAINER)
     if p.zero_stage == 1:
         raise refuse("zero_stage", 1, TRAINER, "torchtitan shards with FSDP2: zero_stage=3, or "
                      "2 (fsdp_reshard_after_forward = never), or 0 for DDP")

@@ -76,6 +76,7 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -212,11 +213,11 @@ def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     pp, v = plan.pp, plan.virtual_stages
     chunks = plan.layers_per_stage or even_split(model.num_layers, pp * v)
     layers = [sum(chunks[c * pp + r] for c in range(v)) for r in range(pp)]
-    grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
+    grad_bytes = effective_grad_bytes(model, training, plan)
     dp_bytes = tuple(float(sum(params_per_stage(model, plan, layers, k)) * grad_bytes)
                      for k in range(pp))
     pp_bytes = float(plan.micro_batch_size * training.seq_len * model.hidden_size
-                     * training.compute_bytes / (plan.cp * plan.tp))
+                     * training.compute_bytes / (plan.cp * plan.tp) * pp_ratio(training, plan))
     m = training.global_batch_size // (dp * plan.micro_batch_size)
     if m < 1:
         raise SpecError(

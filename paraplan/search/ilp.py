@@ -1231,7 +1231,8 @@ def _union_dp_time(ctx: _Ctx, group: DataGroup, cluster: ClusterSpec,
     crit = max(range(len(times)), key=lambda r: times[r])
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
     buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
-    sync = bucketed_grad_sync(cluster.topology, union, plan, ctx.training, dense + experts)
+    sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
+                              dense + experts)
     dev = Device.of(ctx.types[group.gpu].gpu, ctx.training.precision, ctx.training.kernels)
     if plan.overlap_grad_reduce:
         window = float(rep.extra["stage_backward_s"][0])

@@ -34,6 +34,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from paraplan.simulator.collectives import collective_lines, kind_efficiency
+from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, lm_head_times, optimizer_step_time
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -56,7 +57,10 @@ from paraplan.specs.training import TrainingSpec
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "op", "full")
 # Plan fields that are the same for every plan of a search (set with --fix, else defaults).
 CONSTANT_FIELDS = ("tp_comm_overlap", "overlap_grad_reduce", "dp_sync_interval",
-                   "grad_compression_ratio", "allow_cross_node_tp")
+                   "grad_compression_ratio", "allow_cross_node_tp", "grad_compression",
+                   "compression_rank", "compression_bits", "compression_topk",
+                   "pseudo_grad_bits", "activation_compression_bits")
+COMPRESSION_FIELDS = CONSTANT_FIELDS[2:4] + CONSTANT_FIELDS[5:]
 SEARCHED_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "sequence_parallel", "zero_stage",
                    "micro_batch_size", "schedule", "virtual_stages", "recompute")
 # Rejection reasons, in the order they are tested (a plan is counted under the first it breaks).
@@ -332,7 +336,8 @@ class _Context:
 
     dev: Device
     cb: float
-    grad_bytes: float
+    grad_bytes: np.ndarray
+    """Gradient bytes per element on the wire, per plan."""
     slow: float
     opt_coef: float
     overlap: bool
@@ -387,9 +392,15 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     const = space.constants
     overlap = bool(const.get("overlap_grad_reduce", True))
     interval = float(const.get("dp_sync_interval", 1))
-    ratio = float(const.get("grad_compression_ratio", 1.0))
     cb = float(training.compute_bytes)
-    grad_bytes = training.grad_reduce_bytes / ratio
+    # Gradient bytes per element on the wire (simulator.compression): PowerSGD's depends on
+    # the TP/expert-TP shard shapes, so one value per (tp, etp).
+    knobs = {k: const[k] for k in COMPRESSION_FIELDS if k in const}
+    utp, tinv = _key_index([c["tp"], c["etp"]])
+    per_tp = np.array([effective_grad_bytes(model, training, ParallelPlan(
+        tp=int(t_), etp=int(e_) if int(e_) else None, **knobs)) for t_, e_ in utp])
+    grad_bytes = per_tp[tinv]
+    pp_fraction = pp_ratio(training, ParallelPlan(**knobs))
     slow = dev.nccl_slowdown
     opt_coef = optimizer_step_time(1.0, training, dev)
     capacity = float(gpu.memory_GiB)
@@ -460,7 +471,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         else:
             p2p_ab[i] = (0.0, 1.0)
     P2P = p2p_ab[sinv.reshape(-1)]
-    act_bytes = c["mbs"] * training.seq_len / cp_ * model.hidden_size * cb
+    act_bytes = c["mbs"] * training.seq_len / cp_ * model.hidden_size * cb * pp_fraction
     t_p2p = np.where(c["pp"] > 1, P2P[:, 0] + (act_bytes / tp_) / P2P[:, 1], 0.0)
 
     ctx = _Context(dev=dev, cb=cb, grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
@@ -618,8 +629,9 @@ def _evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: _Con
     need = (cp * dp > 1) | (e_dp > 1)
     z3 = z == 3
     g = ctx.ginv[idx]
+    gb = ctx.grad_bytes[idx]
     gather = _chunked(ctx.ag[g], dense0 * cb, units)
-    scatter = _chunked(ctx.rs[g], dense0 * ctx.grad_bytes, units)
+    scatter = _chunked(ctx.rs[g], dense0 * gb, units)
     # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params, each half
     # an all-reduce on its volume over the library's speed on that kind (step.py).
     z12 = (z == 1) | (z == 2)
@@ -627,7 +639,7 @@ def _evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: _Con
 
     def _reduce(ar_l: np.ndarray, count: np.ndarray) -> np.ndarray:
         buckets = count / DDP_BUCKET_ELEMENTS
-        grads = _chunked(ar_l, count * ctx.grad_bytes, buckets)
+        grads = _chunked(ar_l, count * gb, buckets)
         return np.where(z12, 0.5 * grads / eff_rs
                         + 0.5 * _chunked(ar_l, count * cb, buckets) / eff_ag, grads)
 
@@ -636,8 +648,7 @@ def _evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: _Con
         e = ctx.einv[idx]
         has = exp0 != 0
         gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
-        scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * ctx.grad_bytes, units),
-                                     0.0)
+        scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
         sync = sync + np.where(has, _reduce(ctx.ear[e], exp0), 0.0)
     per_mb = 2 * gather + scatter
     z3_exp = m * (np.maximum(0.0, per_mb - fb_c) + np.minimum(per_mb, fb_c) * ctx.slow) \

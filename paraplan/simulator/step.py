@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from paraplan.simulator import collectives as coll
+from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import (
     Device,
     LayerTimes,
@@ -233,8 +234,8 @@ def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: P
                                           base_rank=base_rank), plan.recompute)
 
 
-def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], plan: ParallelPlan,
-                       training: TrainingSpec, count: float) -> float:
+def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
+                       plan: ParallelPlan, training: TrainingSpec, count: float) -> float:
     """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
     in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
 
@@ -248,7 +249,7 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], plan: ParallelPla
     if count <= 0 or len(group) <= 1:
         return 0.0
     buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
-    grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
+    grad_bytes = effective_grad_bytes(model, training, plan)
 
     def all_reduce(nbytes: float) -> float:
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
@@ -314,7 +315,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # Layers per pipeline rank (rank r holds chunks r, r+p, r+2p, ...).
     layers = [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
-    act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
+    # Pipeline sends: AQ-SGD's activation compression shrinks them (simulator.compression).
+    act_bytes = mb_tokens * model.hidden_size * training.compute_bytes * pp_ratio(training, plan)
 
     span_ranks = dp * t * cp  # GPUs per pipeline stage (a block of consecutive ranks)
 
@@ -394,7 +396,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)
 
     # ---- data-parallel synchronisation ---------------------------------------------------
-    grad_bytes = training.grad_reduce_bytes / plan.grad_compression_ratio
+    grad_bytes = effective_grad_bytes(model, training, plan)
     edp = max(1, dp * cp * t // (plan.ep * plan.expert_tp))
     dense0, experts0 = params_per_stage(model, plan, layers, crit, moe_per_rank)
     units = max(1, layers[crit])
@@ -431,9 +433,9 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             z3 = m * (max(0.0, per_mb - compute_mb)
                       + min(per_mb, compute_mb) * device.nccl_slowdown)
             return 0.0, z3 + gather / units
-        sync = bucketed_grad_sync(topo, dp_group, plan, training, dense)
+        sync = bucketed_grad_sync(topo, dp_group, model, plan, training, dense)
         if experts:
-            sync += bucketed_grad_sync(topo, edp_group, plan, training, experts)
+            sync += bucketed_grad_sync(topo, edp_group, model, plan, training, experts)
         buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
         out = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
@@ -488,6 +490,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              "stage_gpu_types": [sorted(g) for g in stage_gpus],
              "stage_memory_capacity_gb": caps,
              "plan_short": plan.short(), "pp_p2p_s": t_p2p}
+    if uses_knobs(plan):
+        extra["communication_savings"] = savings(model, training, plan)
     if memory["peak"] > capacity:
         over = memory["peak"] - capacity
         reason = (f"out of memory by {over:.1f} GiB on stage {worst} (needs "

@@ -90,6 +90,9 @@ def unsupported(plan: ParallelPlan) -> list[str]:
         out.append(f"etp={plan.etp} is not counted (experts are whole on every TP rank)")
     if plan.placement is not None:
         out.append("placement is not counted (rank order only)")
+    if plan.grad_compression != "none" or plan.activation_compression_bits is not None:
+        out.append("compressed gradients or activations are not counted (the executor sends "
+                   "them dense)")
     return out
 
 

@@ -65,7 +65,24 @@ class ParallelPlan(StrictModel):
     dp_sync_interval: int = Field(default=1, ge=1, le=1_000_000)
     """Local SGD / DiLoCo: replicas synchronize every H steps (1 = every step)."""
     grad_compression_ratio: float = Field(default=1.0, ge=1.0, le=1e6)
-    """Bytes of DP gradient traffic are divided by this (PowerSGD, quantization, top-k)."""
+    """Bytes of DP gradient traffic are divided by this (any compressor you measured);
+    ``grad_compression`` names one whose ratio paraplan computes."""
+    grad_compression: Literal["none", "powersgd", "quantize", "topk", "cocktail"] = "none"
+    """DP gradient compressor (``simulator.compression``): powersgd needs compression_rank,
+    quantize compression_bits, topk compression_topk, cocktail both. Bytes only:
+    convergence effects are not modelled."""
+    compression_rank: int | None = Field(default=None, ge=1, le=65_536)
+    """PowerSGD rank r."""
+    compression_bits: int | None = Field(default=None, ge=1, le=32)
+    """Bits per transmitted gradient value (quantize, cocktail)."""
+    compression_topk: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of gradient values kept (topk, cocktail)."""
+    pseudo_grad_bits: int | None = Field(default=None, ge=1, le=32)
+    """DiLoCo: bits per value of the outer pseudo-gradient sent every dp_sync_interval steps
+    (None = the gradient dtype)."""
+    activation_compression_bits: int | None = Field(default=None, ge=1, le=32)
+    """AQ-SGD: bits per value of activations (and their gradients) between pipeline stages
+    (None = the compute dtype)."""
     placement: list[int] | None = None
     """GPU index of each rank (``placement[rank]``, a permutation of the cluster's GPUs; ranks
     in Megatron order, see ``simulator.step``). None = rank order (rank r on GPU r). Set by
@@ -75,6 +92,16 @@ class ParallelPlan(StrictModel):
 
     @model_validator(mode="after")
     def _shape(self) -> ParallelPlan:
+        need = {"powersgd": ("compression_rank",), "quantize": ("compression_bits",),
+                "topk": ("compression_topk",),
+                "cocktail": ("compression_topk", "compression_bits")}.get(self.grad_compression,
+                                                                          ())
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"grad_compression={self.grad_compression!r} needs "
+                             f"{' and '.join(missing)}")
+        if self.pseudo_grad_bits is not None and self.dp_sync_interval == 1:
+            raise ValueError("pseudo_grad_bits is for DiLoCo: it needs dp_sync_interval > 1")
         if self.layers_per_stage is not None:
             if len(self.layers_per_stage) != self.pp * self.virtual_stages:
                 raise ValueError(
@@ -125,6 +152,15 @@ class ParallelPlan(StrictModel):
             parts.append(self.schedule + vpp)
         if self.recompute != "none":
             parts.append(f"rc={self.recompute}")
+        if self.dp_sync_interval > 1:
+            parts.append(f"H={self.dp_sync_interval}")
+        if self.grad_compression != "none":
+            k, bits = self.compression_topk, self.compression_bits
+            arg = {"powersgd": f"r{self.compression_rank}", "quantize": f"{bits}bit",
+                   "topk": f"{k}", "cocktail": f"{k}x{bits}bit"}[self.grad_compression]
+            parts.append(f"{self.grad_compression}:{arg}")
+        if self.activation_compression_bits is not None:
+            parts.append(f"aq{self.activation_compression_bits}bit")
         if self.placement is not None:
             parts.append("placed")
         return " ".join(parts)
@@ -140,6 +176,11 @@ ALIASES = {
     "rc": "recompute",
     "layers": "layers_per_stage",
     "h": "dp_sync_interval",
+    "compress": "grad_compression",
+    "rank": "compression_rank",
+    "bits": "compression_bits",
+    "topk": "compression_topk",
+    "aq_bits": "activation_compression_bits",
 }
 
 
