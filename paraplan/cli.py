@@ -753,6 +753,50 @@ def pareto(
 
 
 # ---- validate-published ----------------------------------------------------------------------
+@app.command("validate-dtfm")
+def validate_dtfm_cmd(
+    scenario: Annotated[list[str] | None, typer.Option(
+        "--scenario", help="datacenter, spot, multi-university, regional or worldwide "
+        "(repeat; default: all five).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """DT-FM reproduction: GPT-3 XL on the five dtfm-* scenarios, topology-aware scheduling vs
+    random placement, next to the speedups DT-FM measured.
+
+    Example: paraplan validate-dtfm --scenario worldwide
+    """
+    from paraplan.validate.dtfm import dtfm_reference, reproduce
+
+    known = [r["scenario"] for r in dtfm_reference()]
+    for name in scenario or []:
+        if name not in known:
+            raise SpecError(f"--scenario {name!r} is not a DT-FM scenario; use one of "
+                            f"{', '.join(known)}", field="--scenario", value=name,
+                            allowed=known)
+    err = Console(stderr=True)
+    data = reproduce(scenario or None, seed=seed,
+                     progress=(lambda m: err.print(f"[dim]{m}[/]")) if fmt is not Format.json
+                     else None)
+    if fmt is Format.json:
+        emit_json(data)
+        return
+    table = Table(title="GPT-3 XL (24 layers, seq 2048, batch 1024, fp16), 64 V100: "
+                  "scheduled vs random placement", title_justify="left")
+    for col in ("scenario", "plan", "scheduled s", "random s", "rank order s", "speedup",
+                "DT-FM speedup", "DT-FM scheduled s", "error %"):
+        table.add_column(col, justify="left" if col in ("scenario", "plan") else "right")
+    for r in data["rows"]:
+        if r.get("plan") is None:
+            table.add_row(r["scenario"], "no plan fits", *["-"] * 7)
+            continue
+        table.add_row(r["scenario"], r["plan"], f"{r['scheduled_s']:.2f}",
+                      f"{r['random_s']:.2f}", f"{r['rank_order_s']:.2f}",
+                      f"{r['speedup_vs_random']:.2f}x", f"{r['dtfm_speedup']:.2f}x",
+                      f"{r['dtfm_with_scheduler_s']:.2f}", f"{r['scheduled_error_pct']:+.1f}")
+    console().print(table)
+
+
 @app.command("validate-published")
 def validate_published_cmd(
     csv_path: Annotated[str | None, typer.Argument(
