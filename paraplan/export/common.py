@@ -166,11 +166,19 @@ def refuse(field: str, value: Any, trainer: str, allowed: str) -> ExportError:
 
 
 def refuse_relaxed_sync(plan: ParallelPlan, trainer: str) -> None:
-    """Refuse the relaxed-synchronization knobs no pinned trainer config expresses
-    (gradient and activation compression; DiLoCo is ``dp_sync_interval``, checked by each
-    exporter with its own words)."""
-    if plan.grad_compression != "none":
-        raise refuse("grad_compression", plan.grad_compression, trainer,
+    """Refuse what no pinned trainer config expresses: a custom GPU placement, local SGD /
+    DiLoCo, and gradient or activation compression."""
+    if plan.placement is not None:
+        raise refuse("placement", "custom", trainer, "trainers place ranks in their own order "
+                     "(Megatron tp-cp-ep-dp-pp, torchtitan [pp, dp, tp]); launch ranks in that "
+                     "order instead")
+    if plan.dp_sync_interval != 1:
+        raise refuse("dp_sync_interval", plan.dp_sync_interval, trainer,
+                     "it synchronizes gradients every step (no local SGD / DiLoCo)")
+    if plan.grad_compression != "none" or plan.grad_compression_ratio != 1.0:
+        field = "grad_compression" if plan.grad_compression != "none" else \
+            "grad_compression_ratio"
+        raise refuse(field, getattr(plan, field), trainer,
                      "no gradient compressor in its config; export without it")
     if plan.activation_compression_bits is not None:
         raise refuse("activation_compression_bits", plan.activation_compression_bits, trainer,

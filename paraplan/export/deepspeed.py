@@ -92,11 +92,6 @@ def _check(ctx: ExportContext) -> None:
                      "(recompute=full) or none")
     if t.precision == "fp8":
         raise refuse("training.precision", "fp8", TRAINER, "bf16, fp16 or fp32")
-    if p.placement is not None or p.dp_sync_interval != 1 or p.grad_compression_ratio != 1.0:
-        field = ("placement" if p.placement is not None else "dp_sync_interval"
-                 if p.dp_sync_interval != 1 else "grad_compression_ratio")
-        raise refuse(field, getattr(p, field) if field != "placement" else "custom", TRAINER,
-                     "not expressible in the config JSON")
 
 
 def deepspeed_json(ctx: ExportContext, header: list[str]) -> str:

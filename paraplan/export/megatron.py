@@ -87,15 +87,6 @@ def _check(ctx: ExportContext) -> None:
     if p.schedule == "interleaved" and p.virtual_stages == 1:
         raise refuse("schedule", "interleaved", TRAINER, "interleaving needs virtual_stages "
                      "> 1")
-    if p.placement is not None:
-        raise refuse("placement", "custom", TRAINER, "Megatron places ranks in its own order "
-                     "(tp-cp-ep-dp-pp); launch ranks in that order instead")
-    if p.dp_sync_interval != 1:
-        raise refuse("dp_sync_interval", p.dp_sync_interval, TRAINER,
-                     "Megatron synchronizes gradients every step (no local SGD / DiLoCo)")
-    if p.grad_compression_ratio != 1.0:
-        raise refuse("grad_compression_ratio", p.grad_compression_ratio, TRAINER,
-                     "Megatron has no gradient compression")
 
 
 def _pipeline_split(ctx: ExportContext) -> list[str]:

@@ -89,11 +89,6 @@ def _check(ctx: ExportContext) -> None:
     if p.cp > 1 and t.seq_len % p.cp:
         raise refuse("cp", p.cp, TRAINER, f"sequence_length {t.seq_len} must be divisible "
                      f"by cp")
-    if p.placement is not None or p.dp_sync_interval != 1 or p.grad_compression_ratio != 1.0:
-        field = ("placement" if p.placement is not None else "dp_sync_interval"
-                 if p.dp_sync_interval != 1 else "grad_compression_ratio")
-        raise refuse(field, getattr(p, field) if field != "placement" else "custom", TRAINER,
-                     "not expressible in a nanotron config")
 
 
 def nanotron_yaml(ctx: ExportContext, header: list[str]) -> str:

@@ -108,15 +108,6 @@ def _check(ctx: ExportContext) -> None:
                      f"{ctx.num_microbatches} micro-batches per step is fewer than the "
                      f"{p.pp * p.virtual_stages} pipeline stages; torchtitan needs at least one "
                      "per stage")
-    if p.placement is not None:
-        raise refuse("placement", "custom", TRAINER, "torchtitan builds its device mesh in "
-                     "rank order ([pp, dp_replicate, fsdp, tp])")
-    if p.dp_sync_interval != 1 or p.grad_compression_ratio != 1.0:
-        raise refuse("dp_sync_interval" if p.dp_sync_interval != 1 else
-                     "grad_compression_ratio",
-                     p.dp_sync_interval if p.dp_sync_interval != 1 else
-                     p.grad_compression_ratio, TRAINER,
-                     "torchtitan v0.2.2 synchronizes full gradients every step")
 
 
 def _model_parts(ctx: ExportContext) -> list[list[str]]:
