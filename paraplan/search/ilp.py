@@ -930,27 +930,31 @@ def _p2p_table(ctx: _Ctx, types: Sequence[str], cap: dict[str, int],
                lmax: list[dict[str, int]], plan: ParallelPlan,
                span: int) -> dict[tuple[str, str], float]:
     """Seconds of the pipeline transfer ``simulate`` charges after every forward and backward
-    op, per (type of stage 0, type of stage 1): ``simulate`` prices it once, between rank 0
-    and rank dp*tp*cp (Megatron's scatter-gather send of b*s*h/tp), and applies it to every
-    stage boundary. Priced on the two-stage cluster ``pipeline_cluster([h, h2])``; a longer
-    run only fills partial nodes, which never raises a GPU's NIC share, so this is a lower
-    bound on (and in the usual whole-node layouts equal to) the value ``simulate`` uses."""
+    op, per (type before, type after) a stage boundary: ``simulate`` charges the slowest
+    boundary's send (Megatron's scatter-gather send of b*s*h/tp) on every op. A boundary
+    between two types is priced on ``pipeline_cluster([h, h2])``; one inside a run of h as
+    the slowest boundary of min(pp, stages h can host) stages of h (exact when the whole
+    pipeline is h, an upper bound for shorter runs)."""
     if plan.pp < 2:
         return {}
     nbytes = (plan.micro_batch_size * ctx.training.seq_len / plan.cp * ctx.model.hidden_size
               * ctx.training.compute_bytes / plan.tp)
     out: dict[tuple[str, str], float] = {}
     for h in types:
-        if lmax[0][h] < 1:
+        if cap.get(h, 0) < 1:
             continue
         for h2 in types:
-            if lmax[1][h2] < 1 or (h2 == h and cap[h] < 2):
+            if cap.get(h2, 0) < 1 or (h2 == h and cap[h] < 2):
                 continue
-            key = ("p2p", h, h2, span, nbytes)
+            # A boundary inside a run of h: the slowest of the run's boundaries (simulate
+            # charges the slowest boundary on every send); between runs: the crossing.
+            n = min(plan.pp, cap[h]) if h2 == h else 2
+            key = ("p2p", h, h2, span, n, plan.tp, nbytes)
             hit = ctx.probes_p2p.get(key)
             if hit is None:
-                cl = pipeline_cluster(ctx.cluster, [h, h2], span)
-                hit = ctx.probes_p2p[key] = coll.group_p2p(cl.topology, 0, span, nbytes)
+                cl = pipeline_cluster(ctx.cluster, [h] * n if h2 == h else [h, h2], span)
+                hit = ctx.probes_p2p[key] = coll.pipeline_p2p(cl.topology, span, n, plan.tp,
+                                                              nbytes)
             out[h, h2] = hit
     return out
 
@@ -1014,8 +1018,8 @@ def _pipeline_ilp(inp: _PipeInputs, time_limit_s: float, choice: str,
     * t_k >= sum_g c_g l[k,g] (+ the LM head on the last stage); when TP/CP costs depend on
       the type that leads (``simulate`` prices them on stage 0's links) the layers are
       disaggregated by that type; T >= t_k;
-    * P = sum p2p[h,h2] w[h,h2], w[h,h2] >= y[0,h] + y[1,h2] - 1: the transfer ``simulate``
-      puts after every op, priced once between stages 0 and 1;
+    * P >= sum p2p[h,h2] w_k[h,h2] for every boundary k, w_k[h,h2] >= y[k,h] + y[k+1,h2] - 1:
+      the transfer ``simulate`` puts after every op, at the slowest stage boundary;
     * interior stages of one run keep non-decreasing layer counts (symmetry breaking; their
       Lmax is non-decreasing in k).
 
@@ -1040,14 +1044,17 @@ def _pipeline_ilp(inp: _PipeInputs, time_limit_s: float, choice: str,
           for kg in cells}
     big_t = _var(prob, "T", 0)
     t = [_var(prob, f"t_{k}", 0) for k in range(p)]
-    # simulate's one transfer per op, fixed by the types of stages 0 and 1: w = y0h AND y1h2.
+    # simulate's one transfer per op at the slowest stage boundary: P >= the cost of every
+    # boundary k -> k+1, whose type pair is w_k[h,h2] = y[k,h] AND y[k+1,h2].
     p2p: Any = 0.0
     if p > 1:
-        w = {hh: _var(prob, f"w_{types.index(hh[0])}_{types.index(hh[1])}", 0, 1)
-             for hh in inp.p2p_table}
-        for (h, h2), var in w.items():
-            prob += var >= y[0, h] + y[1, h2] - 1
-        p2p = pulp.lpSum(MS * inp.p2p_table[hh] * var for hh, var in w.items())
+        p2p = _var(prob, "P", 0)
+        for k in range(p - 1):
+            w = {hh: _var(prob, f"w_{k}_{types.index(hh[0])}_{types.index(hh[1])}", 0, 1)
+                 for hh in inp.p2p_table if (k, hh[0]) in y and (k + 1, hh[1]) in y}
+            for (h, h2), var in w.items():
+                prob += var >= y[k, h] + y[k + 1, h2] - 1
+            prob += p2p >= pulp.lpSum(MS * inp.p2p_table[hh] * var for hh, var in w.items())
     prob += (inp.m - 1) * big_t + pulp.lpSum(t) + 2.0 * (inp.m - 1 + p) * p2p
     if math.isfinite(cutoff_s):  # the step bounds of _span_bound must stay below it
         m = inp.m
@@ -1139,7 +1146,8 @@ def _pipeline_solution(ctx: _Ctx, inp: _PipeInputs, stage_types: list[str],
              for k in range(p)]
     mem = [inp.peaks[layers[k]][k] for k in range(p)]
     idle = {g: t.num_gpus - stage_types.count(g) * inp.span for g, t in ctx.types.items()}
-    p2p = inp.p2p_table[stage_types[0], stage_types[1]] if p > 1 else 0.0
+    p2p = max((inp.p2p_table[stage_types[k], stage_types[k + 1]] for k in range(p - 1)),
+              default=0.0)
     m = inp.m
     return PipelineSolution(
         plan=inp.plan.model_copy(update={"layers_per_stage": list(layers)}),

@@ -461,18 +461,24 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             group = tuple(int(stride) * j for j in range(int(k)))
             ear[i], eag[i], ers[i] = (_lines(topo, group, kind) for kind in
                                       ("all_reduce", "all_gather", "reduce_scatter"))
+    # Pipeline sends in rank order: the slowest stage boundary paces (simulate's rule,
+    # collectives.pipeline_p2p): the time is the max over the distinct (latency, bandwidth)
+    # lines of each (span, pp, tp).
     span_ranks = dp_ * tp_ * cp_
-    us, sinv = np.unique(span_ranks, return_inverse=True)
-    p2p_ab = np.zeros((len(us), 2))
-    for i, span in enumerate(us):
-        if int(span) < cluster.num_gpus:
-            pc = topo.pair(0, int(span))
-            p2p_ab[i] = (pc.latency_s, pc.bandwidth_GBps * 1e9 * kind_efficiency(topo, "p2p"))
-        else:
-            p2p_ab[i] = (0.0, 1.0)
-    P2P = p2p_ab[sinv.reshape(-1)]
+    uk, kinv = _key_index([span_ranks, c["pp"], tp_])
+    eff = kind_efficiency(topo, "p2p")
+    per_key = [topo.stage_boundaries(int(span), int(p_), int(t_))
+               if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
+               for span, p_, t_ in uk]
+    p2p_lines = np.zeros((len(uk), max(1, *(len(x) for x in per_key)), 2))
+    p2p_lines[:, :, 1] = np.inf  # padding lines: 0 latency, infinite bandwidth
+    for i, lines in enumerate(per_key):
+        for j, (lat, bw) in enumerate(lines):
+            p2p_lines[i, j] = (lat, bw * 1e9 * eff)
     act_bytes = c["mbs"] * training.seq_len / cp_ * model.hidden_size * cb * pp_fraction
-    t_p2p = np.where(c["pp"] > 1, P2P[:, 0] + (act_bytes / tp_) / P2P[:, 1], 0.0)
+    lines_of = p2p_lines[kinv.reshape(-1)]
+    t_p2p = np.where(c["pp"] > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
+                                         / lines_of[:, :, 1], axis=1), 0.0)
 
     ctx = _Context(dev=dev, cb=cb, grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
                    overlap=overlap, interval=interval, capacity_bytes=capacity * GiB,

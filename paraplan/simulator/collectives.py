@@ -116,6 +116,17 @@ def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
                cost.latency_s)
 
 
+def pipeline_p2p(topology: Topology, span: int, stages: int, stride: int,
+                 nbytes: float) -> float:
+    """Seconds of one pipeline send of ``nbytes`` per rank with ranks in rank order (rank r on
+    GPU r): the slowest stage boundary's pair paces the pipeline in steady state, so it is
+    charged on every send (``Topology.stage_boundaries``; the placed case in ``simulate``
+    takes the same maximum over the GPUs it uses)."""
+    eff = kind_efficiency(topology, "p2p")
+    lines = topology.stage_boundaries(span, stages, stride)
+    return max((p2p(nbytes, bw * 1e9 * eff, lat) for lat, bw in lines), default=0.0)
+
+
 def collective_lines(topology: Topology, group: Sequence[int], kind: str,
                      ) -> list[tuple[float, float]]:
     """``group_collective`` as lines: ``time(S) = min(alpha + beta * S)`` over the algorithms.

@@ -373,7 +373,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if p > 1:
         # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
         if place is None:
-            t_p2p = coll.group_p2p(topo, 0, span_ranks, act_bytes / t)
+            t_p2p = coll.pipeline_p2p(topo, span_ranks, p, t, act_bytes / t)
         else:
             # Placed: every replica's every boundary sends at once; the slowest pair paces
             # the pipeline (DT-FM sec 3's bottleneck matching).

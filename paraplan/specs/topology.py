@@ -173,6 +173,29 @@ class Topology:
         lat = np.where(same_gpu, 0.0, lat)
         return bw, lat, tier
 
+    def stage_boundaries(self, span: int, stages: int, stride: int = 1
+                         ) -> list[tuple[float, float]]:
+        """Distinct (latency s, bandwidth GB/s) of the pipeline sends in rank order: stage
+        ``r`` holds ranks ``[r*span, (r+1)*span)`` on the GPUs of the same index, and rank
+        ``r*span + stride*i`` sends to the one ``span`` further on, all at once (Megatron's
+        scatter-gather: one send per TP group, ``stride`` = tp). The slowest of these paces
+        the pipeline, so a plan whose stages cross a WAN pays the WAN hop even when its first
+        boundary sits inside a node or a region."""
+        key = (int(span), int(stages), int(stride))
+        return self._memoized("bounds", key, self._stage_boundaries)  # type: ignore[return-value]
+
+    def _stage_boundaries(self, key: tuple[int, int, int]) -> list[tuple[float, float]]:
+        span, stages, stride = key
+        if stages <= 1:
+            return []
+        src = (np.arange(stages - 1)[:, None] * span
+               + np.arange(0, span, stride)[None, :]).ravel()
+        dst = src + span
+        self._check(np.concatenate([src, dst]))
+        bw, lat, _ = self._pairs(src, dst, shared=True)
+        rows = np.unique(np.stack([lat, bw], axis=1), axis=0)
+        return [(float(a), float(b)) for a, b in rows]
+
     def pair(self, a: int, b: int, *, shared: bool = True) -> PathCost:
         """Cost from GPU ``a`` to GPU ``b``.
 
