@@ -543,6 +543,9 @@ def best(
     storage_gbps: StorageOpt = None,
     restart_s: RestartOpt = None,
     preemption_rate: PreemptOpt = 0.0,
+    relaxed: Annotated[bool, typer.Option(
+        "--relaxed", help="Also search DiLoCo (H=10, 100), PowerSGD, 8/4-bit gradients and "
+        "8/4-bit pipeline activations; bytes only, convergence not modelled.")] = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
@@ -570,12 +573,21 @@ def best(
                                 precision=precision, flash_attention=not no_flash)
     except ValidationError as exc:
         raise from_validation_error(exc, "training") from None
-    bar = _LazyProgress(f"searching ({searcher.value})", enabled=sys.stderr.isatty())
-    try:
-        result = run_search(spec_model, spec_cluster, training, searcher=searcher.value, top=top,
-                            fix=fix, progress=bar, seed=seed)
-    finally:
-        bar.close()
+    if relaxed:
+        from paraplan.search.relaxed import relaxed_search
+
+        err = Console(stderr=True)
+        result = relaxed_search(spec_model, spec_cluster, training, searcher=searcher.value,
+                                top=top, fix=fix, seed=seed,
+                                progress=(lambda m: err.print(f"[dim]{m}[/]"))
+                                if fmt is not Format.json else None)
+    else:
+        bar = _LazyProgress(f"searching ({searcher.value})", enabled=sys.stderr.isatty())
+        try:
+            result = run_search(spec_model, spec_cluster, training, searcher=searcher.value,
+                                top=top, fix=fix, progress=bar, seed=seed)
+        finally:
+            bar.close()
     data = result.to_dict()
     if explain:
         data["explain"] = _explain(data)
@@ -592,8 +604,24 @@ def best(
         emit_json(data)
         return
     _print_best(console(), data, spec_model.name, spec_cluster)
+    if relaxed:
+        _print_relaxed(console(), data["relaxed"])
     if gp is not None:
         _print_goodput(console(), gp)
+
+
+def _print_relaxed(out: Console, rows: list[dict[str, Any]]) -> None:
+    table = Table(title="best plan per relaxed-synchronization setting", title_justify="left")
+    for col, just in (("setting", "left"), ("best plan", "left"), ("step", "right"),
+                      ("vs dense", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in rows:
+        if r["best_step_time_s"] is None:
+            table.add_row(r["label"], "no plan fits", "-", "-")
+            continue
+        table.add_row(r["label"], r["best_plan"] or "", _fmt_time(r["best_step_time_s"]),
+                      "-" if r["speedup_vs_dense"] is None else f"{r['speedup_vs_dense']:.2f}x")
+    out.print(table)
 
 
 def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, training: Any,

@@ -92,3 +92,24 @@ def test_missing_knob_parameter_is_a_spec_error() -> None:
         parse_plan("compress=powersgd")
     with pytest.raises(SpecError, match="dp_sync_interval"):
         parse_plan({"pseudo_grad_bits": 4})
+
+
+def test_relaxed_search_ranks_every_knob_setting_together() -> None:
+    from paraplan.search.relaxed import RELAXED_GRID, relaxed_search
+
+    model, cluster = GPT_XL, load_cluster("aws-p3.2xlarge", nodes=32)  # 1 V100/node, 10 Gbps
+    training = TrainingSpec(global_batch_size=256, seq_len=2048, precision="fp16")
+    result = relaxed_search(model, cluster, training, top=5)
+    rows = result.extra["relaxed"]
+    assert [r["knobs"] for r in rows] == list(RELAXED_GRID)
+    dense = rows[0]
+    assert dense["label"] == "dense, every step" and dense["speedup_vs_dense"] == 1.0
+    # On 10 Gbps, synchronising 100x less often pays off (in bytes; convergence not modelled).
+    diloco = next(r for r in rows if r["knobs"] == {"dp_sync_interval": 100})
+    assert diloco["speedup_vs_dense"] > 1.5
+    steps = [rep.step_time_s for rep in result.reports]
+    assert steps == sorted(steps) and steps[0] == min(r["best_step_time_s"] for r in rows)
+    assert "not modelled" in result.notes[0]
+    # A pinned knob removes the grid points that contradict it.
+    pinned = relaxed_search(model, cluster, training, top=2, fix={"dp_sync_interval": 10})
+    assert all(r["knobs"].get("dp_sync_interval", 10) == 10 for r in pinned.extra["relaxed"])
