@@ -4,7 +4,8 @@ The plan is simulated; its step is described part by part (compute, bubble, each
 exposed communication, optimizer, memory headroom) with the cause of every part worth more
 than a few percent. Then every plan one knob away (micro-batch size halved or doubled, SP on
 or off, each recompute mode, ZeRO stage one up or down, virtual stages doubled or halved,
-tp and pp traded for each other or for dp) is simulated too, and the changes that make the
+tp and pp traded for each other or for dp, NCCL collectives or a sharded parameter server
+for the gradients) is simulated too, and the changes that make the
 plan faster, or make an infeasible plan fit, are ranked by step time. Nothing is guessed:
 every number is the simulator's.
 """
@@ -62,6 +63,9 @@ def neighbours(plan: ParallelPlan, num_gpus: int) -> Iterator[tuple[str, Paralle
         variant(f"zero_stage {plan.zero_stage} -> {plan.zero_stage - 1}",
                 zero_stage=plan.zero_stage - 1) if plan.zero_stage > 0 else None,
     ]
+    if dp > 1:
+        candidates += [variant(f"dp_algorithm {plan.dp_algorithm} -> {a}", dp_algorithm=a)
+                       for a in ("collective", "sharded_ps") if a != plan.dp_algorithm]
     if plan.pp > 1:
         v = plan.virtual_stages
         candidates.append(variant(f"virtual_stages {v} -> {v * 2}", virtual_stages=v * 2))

@@ -113,3 +113,41 @@ def test_relaxed_search_ranks_every_knob_setting_together() -> None:
     # A pinned knob removes the grid points that contradict it.
     pinned = relaxed_search(model, cluster, training, top=2, fix={"dp_sync_interval": 10})
     assert all(r["knobs"].get("dp_sync_interval", 10) == 10 for r in pinned.extra["relaxed"])
+
+
+def _two_region_cluster():
+    from paraplan.specs.loaders import cluster_from_dict
+
+    return cluster_from_dict({
+        "name": "two-regions",
+        "node_groups": [
+            {"name": "a", "gpu": "v100-sxm2-16gb", "gpus_per_node": 1, "num_nodes": 3,
+             "inter_node_link": "eth-10g", "region": "A"},
+            {"name": "b", "gpu": "v100-sxm2-16gb", "gpus_per_node": 1, "num_nodes": 2,
+             "inter_node_link": "eth-10g", "region": "B"}],
+        "region_links": [{"a": "A", "b": "B", "latency_ms": 80, "bandwidth_Gbps": 0.5}]})
+
+
+def test_sharded_ps_and_ps_by_hand() -> None:
+    from paraplan.simulator import collectives as coll
+
+    topo = _two_region_cluster().topology
+    group, size, n = (0, 1, 2, 3, 4), 1e8, 5
+    pairs = {(i, j): topo.pair(i, j) for i in group for j in group if i != j}
+    want = 2 * max(c.latency_s + size / n / (c.bandwidth_GBps * 1e9) for c in pairs.values())
+    assert coll.sharded_ps_all_reduce(topo, group, size) == pytest.approx(want)
+    ps = 2 * min(max(pairs[s, j].latency_s for j in group if j != s)
+                 + sum(size / (pairs[s, j].bandwidth_GBps * 1e9) for j in group if j != s)
+                 for s in group)
+    assert coll.ps_all_reduce(topo, group, size) == pytest.approx(ps)
+    assert coll.sharded_ps_all_reduce(topo, (0,), size) == 0.0
+
+
+def test_sharded_ps_beats_the_ring_on_a_wan() -> None:
+    cluster = load_cluster("dtfm-worldwide")
+    training = TrainingSpec(global_batch_size=1024, seq_len=2048, precision="fp16")
+    ring = simulate(GPT_XL, cluster, training, parse_plan("tp=1,pp=8,mbs=1,zero=1"))
+    sps = simulate(GPT_XL, cluster, training,
+                   parse_plan("tp=1,pp=8,mbs=1,zero=1,dp_algo=sharded_ps"))
+    assert sps.time_s["dp_comm"] < ring.time_s["dp_comm"] / 3
+    assert sps.extra["plan_short"].endswith("sharded_ps")

@@ -183,3 +183,6 @@ def refuse_relaxed_sync(plan: ParallelPlan, trainer: str) -> None:
     if plan.activation_compression_bits is not None:
         raise refuse("activation_compression_bits", plan.activation_compression_bits, trainer,
                      "pipeline activations are sent uncompressed")
+    if plan.dp_algorithm != "collective":
+        raise refuse("dp_algorithm", plan.dp_algorithm, trainer,
+                     "gradients go through its collectives (no parameter server)")

@@ -24,6 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
+from paraplan.specs.errors import SpecError
 from paraplan.specs.topology import RingCost, Topology
 
 
@@ -114,6 +117,53 @@ def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
     cost = topology.pair(src, dst)
     return p2p(nbytes, cost.bandwidth_GBps * 1e9 * kind_efficiency(topology, "p2p"),
                cost.latency_s)
+
+
+PS_MAX_MEMBERS = 4096
+
+
+def _check_ps_size(n: int) -> None:
+    if n > PS_MAX_MEMBERS:
+        raise SpecError(f"dp_algorithm ps / sharded_ps is priced for data-parallel groups of up "
+                        f"to {PS_MAX_MEMBERS} members (pairwise); this one has {n}",
+                        field="plan.dp_algorithm", value=n)
+
+
+def sharded_ps_all_reduce(topology: Topology, group: Sequence[int], nbytes: float) -> float:
+    """Sharded parameter server (DT-FM's data-parallel exchange): every member owns 1/n of the
+    buffer; it receives the other members' copies of its shard and sends the reduced shard
+    back. Each pair's transfers run concurrently at that pair's bandwidth (DT-FM's per-pair
+    network model; NIC sharing between a member's streams is not modelled), so each of the
+    two phases lasts as long as the slowest pair: 2 * max_ij (alpha_ij + S/n / B_ij). On
+    high-latency WANs this pays 2 latencies where a ring pays 2(n-1). Seconds."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    _check_ps_size(n)
+    bw, lat = topology.pair_matrix(tuple(int(g) for g in group))
+    eff = kind_efficiency(topology, "p2p")
+    with np.errstate(divide="ignore"):
+        t = lat + (nbytes / n) / (bw * 1e9 * eff)
+    np.fill_diagonal(t, 0.0)
+    return 2.0 * float(t.max())
+
+
+def ps_all_reduce(topology: Topology, group: Sequence[int], nbytes: float) -> float:
+    """One parameter server (the best-connected member): the other n-1 members send it the
+    whole buffer and fetch the result; the server's transfers share its link, one after the
+    other: 2 * (max_j alpha_0j + sum_j S / B_0j). Seconds."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    _check_ps_size(n)
+    bw, lat = topology.pair_matrix(tuple(int(g) for g in group))
+    eff = kind_efficiency(topology, "p2p")
+    with np.errstate(divide="ignore"):
+        per = nbytes / (bw * 1e9 * eff)
+    np.fill_diagonal(per, 0.0)
+    lat = lat.copy()
+    np.fill_diagonal(lat, 0.0)
+    return 2.0 * float(np.min(lat.max(axis=1) + per.sum(axis=1)))
 
 
 def pipeline_p2p(topology: Topology, span: int, stages: int, stride: int,

@@ -239,7 +239,9 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
     in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
 
-    DDP all-reduces the gradients. ZeRO-1/2 (Megatron's distributed optimizer, DeepSpeed
+    DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
+    parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
+    (Megatron's distributed optimizer, DeepSpeed
     ZeRO-1/2) reduce-scatter them and all-gather the updated parameters in the compute dtype:
     each costs half of the best all-reduce algorithm on its volume (an all-reduce is a
     reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
@@ -252,6 +254,10 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     grad_bytes = effective_grad_bytes(model, training, plan)
 
     def all_reduce(nbytes: float) -> float:
+        if plan.dp_algorithm == "sharded_ps":
+            return buckets * coll.sharded_ps_all_reduce(topo, group, nbytes / buckets)
+        if plan.dp_algorithm == "ps":
+            return buckets * coll.ps_all_reduce(topo, group, nbytes / buckets)
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
 
     if plan.zero_stage in (1, 2):

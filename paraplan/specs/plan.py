@@ -77,6 +77,10 @@ class ParallelPlan(StrictModel):
     """Bits per transmitted gradient value (quantize, cocktail)."""
     compression_topk: float | None = Field(default=None, gt=0, le=1)
     """Fraction of gradient values kept (topk, cocktail)."""
+    dp_algorithm: Literal["collective", "ps", "sharded_ps"] = "collective"
+    """How data-parallel gradients are exchanged (ZeRO 0-2): collective = NCCL's ring / tree /
+    node hierarchy; ps = one parameter server; sharded_ps = every replica serves 1/n (DT-FM's
+    alternative for slow, uneven networks). ``simulator.collectives`` prices each."""
     pseudo_grad_bits: int | None = Field(default=None, ge=1, le=32)
     """DiLoCo: bits per value of the outer pseudo-gradient sent every dp_sync_interval steps
     (None = the gradient dtype)."""
@@ -152,6 +156,8 @@ class ParallelPlan(StrictModel):
             parts.append(self.schedule + vpp)
         if self.recompute != "none":
             parts.append(f"rc={self.recompute}")
+        if self.dp_algorithm != "collective":
+            parts.append(self.dp_algorithm)
         if self.dp_sync_interval > 1:
             parts.append(f"H={self.dp_sync_interval}")
         if self.grad_compression != "none":
@@ -181,6 +187,7 @@ ALIASES = {
     "bits": "compression_bits",
     "topk": "compression_topk",
     "aq_bits": "activation_compression_bits",
+    "dp_algo": "dp_algorithm",
 }
 
 

@@ -196,6 +196,18 @@ class Topology:
         rows = np.unique(np.stack([lat, bw], axis=1), axis=0)
         return [(float(a), float(b)) for a, b in rows]
 
+    def pair_matrix(self, group: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(bandwidth GB/s, latency s) between every ordered pair of ``group`` (n x n; the
+        diagonal is inf / 0), all GPUs communicating at once (shared NICs)."""
+        return self._memoized("matrix", group, self._pair_matrix)  # type: ignore[return-value]
+
+    def _pair_matrix(self, group: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        arr = self._group(group)
+        n = arr.size
+        a, b = np.repeat(arr, n), np.tile(arr, n)
+        bw, lat, _ = self._pairs(a, b, shared=True)
+        return bw.reshape(n, n), lat.reshape(n, n)
+
     def pair(self, a: int, b: int, *, shared: bool = True) -> PathCost:
         """Cost from GPU ``a`` to GPU ``b``.
 
