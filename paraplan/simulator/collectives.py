@@ -122,11 +122,24 @@ def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
 PS_MAX_MEMBERS = 4096
 
 
-def _check_ps_size(n: int) -> None:
+def _pair_seconds(topology: Topology, group: Sequence[int], nbytes: float
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(latency s, transfer s of ``nbytes``) between every ordered pair of ``group``, zero on
+    the diagonal; None for a group of one or nothing to send."""
+    n = len(group)
+    if n <= 1 or nbytes <= 0:
+        return None
     if n > PS_MAX_MEMBERS:
         raise SpecError(f"dp_algorithm ps / sharded_ps is priced for data-parallel groups of up "
                         f"to {PS_MAX_MEMBERS} members (pairwise); this one has {n}",
                         field="plan.dp_algorithm", value=n)
+    bw, lat = topology.pair_matrix(tuple(int(g) for g in group))
+    with np.errstate(divide="ignore"):
+        per = nbytes / (bw * 1e9 * kind_efficiency(topology, "p2p"))
+    lat, per = lat.copy(), per.copy()
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(per, 0.0)
+    return lat, per
 
 
 def sharded_ps_all_reduce(topology: Topology, group: Sequence[int], nbytes: float) -> float:
@@ -136,33 +149,21 @@ def sharded_ps_all_reduce(topology: Topology, group: Sequence[int], nbytes: floa
     network model; NIC sharing between a member's streams is not modelled), so each of the
     two phases lasts as long as the slowest pair: 2 * max_ij (alpha_ij + S/n / B_ij). On
     high-latency WANs this pays 2 latencies where a ring pays 2(n-1). Seconds."""
-    n = len(group)
-    if n <= 1 or nbytes <= 0:
+    mats = _pair_seconds(topology, group, nbytes / max(1, len(group)))
+    if mats is None:
         return 0.0
-    _check_ps_size(n)
-    bw, lat = topology.pair_matrix(tuple(int(g) for g in group))
-    eff = kind_efficiency(topology, "p2p")
-    with np.errstate(divide="ignore"):
-        t = lat + (nbytes / n) / (bw * 1e9 * eff)
-    np.fill_diagonal(t, 0.0)
-    return 2.0 * float(t.max())
+    lat, per = mats
+    return 2.0 * float((lat + per).max())
 
 
 def ps_all_reduce(topology: Topology, group: Sequence[int], nbytes: float) -> float:
     """One parameter server (the best-connected member): the other n-1 members send it the
     whole buffer and fetch the result; the server's transfers share its link, one after the
     other: 2 * (max_j alpha_0j + sum_j S / B_0j). Seconds."""
-    n = len(group)
-    if n <= 1 or nbytes <= 0:
+    mats = _pair_seconds(topology, group, nbytes)
+    if mats is None:
         return 0.0
-    _check_ps_size(n)
-    bw, lat = topology.pair_matrix(tuple(int(g) for g in group))
-    eff = kind_efficiency(topology, "p2p")
-    with np.errstate(divide="ignore"):
-        per = nbytes / (bw * 1e9 * eff)
-    np.fill_diagonal(per, 0.0)
-    lat = lat.copy()
-    np.fill_diagonal(lat, 0.0)
+    lat, per = mats
     return 2.0 * float(np.min(lat.max(axis=1) + per.sum(axis=1)))
 
 
