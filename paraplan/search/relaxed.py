@@ -74,6 +74,9 @@ def relaxed_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
             results.append((knobs, None, str(exc)))
     found = [(k, r) for k, r, _ in results if r is not None and r.reports]
     if not found:
+        errors = list(dict.fromkeys(e for _, _, e in results if e))
+        if len(errors) == 1:  # the same reason everywhere (a wrong searcher, nothing fits)
+            raise SpecError(errors[0], field="relaxed")
         reasons = "; ".join(f"{describe(k)}: {e}" for k, _, e in results if e)
         raise SpecError(f"no knob setting has a plan that fits ({reasons})", field="relaxed")
     dense = next((r for k, r in found if not k), None)
