@@ -137,7 +137,11 @@ def test_simulation_equals_closed_form_on_equal_stages(
     if schedule != "zb-h1" and (v == 1 or m < p or m % p == 0):  # one critical-path shape
         assert tl.critical_p2p_s == pytest.approx(pt.p2p_s)
     if p > 1 and c > 0:
-        assert pt.p2p_s >= 2 * (p - 1) * c  # at least the fill/drain hops
+        # At least the fill hops (nothing else can run on later stages before the first
+        # forward arrives) and, without W passes, the drain hops too; zb-h1's deferred W passes
+        # can absorb part of the drain hops (hypothesis found zb-h1, p=6, m=2: 9 hops of 10).
+        hops = (p - 1) if schedule == "zb-h1" else 2 * (p - 1)
+        assert pt.p2p_s >= hops * c
 
 
 # ---- unequal stages -----------------------------------------------------------------------
