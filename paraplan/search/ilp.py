@@ -271,7 +271,7 @@ class _Ctx:
     types: dict[str, _GpuType]
     costs: dict[tuple, tuple[float, float, float, float]] = field(default_factory=dict)
     probes: dict[str, ClusterSpec] = field(default_factory=dict)
-    probes_p2p: dict[tuple, float] = field(default_factory=dict)
+    probes_p2p: dict[tuple, Any] = field(default_factory=dict)
     acts: dict[tuple, LayerActivations] = field(default_factory=dict)
 
 
@@ -949,13 +949,15 @@ def _p2p_table(ctx: _Ctx, types: Sequence[str], cap: dict[str, int],
             # A boundary inside a run of h: the slowest of the run's boundaries (simulate
             # charges the slowest boundary on every send); between runs: the crossing.
             n = min(plan.pp, cap[h]) if h2 == h else 2
-            key = ("p2p", h, h2, span, n, plan.tp, nbytes)
-            hit = ctx.probes_p2p.get(key)
-            if hit is None:
+            key = ("p2p-lines", h, h2, span, n, plan.tp)
+            lines = ctx.probes_p2p.get(key)
+            if lines is None:  # (latency s, bytes/s) of the distinct boundary pairs
                 cl = pipeline_cluster(ctx.cluster, [h] * n if h2 == h else [h, h2], span)
-                hit = ctx.probes_p2p[key] = coll.pipeline_p2p(cl.topology, span, n, plan.tp,
-                                                              nbytes)
-            out[h, h2] = hit
+                eff = coll.kind_efficiency(cl.topology, "p2p")
+                lines = ctx.probes_p2p[key] = [
+                    (lat, bw * 1e9 * eff)
+                    for lat, bw in cl.topology.stage_boundaries(span, n, plan.tp)]
+            out[h, h2] = max((coll.p2p(nbytes, bps, lat) for lat, bps in lines), default=0.0)
     return out
 
 
@@ -1018,8 +1020,9 @@ def _pipeline_ilp(inp: _PipeInputs, time_limit_s: float, choice: str,
     * t_k >= sum_g c_g l[k,g] (+ the LM head on the last stage); when TP/CP costs depend on
       the type that leads (``simulate`` prices them on stage 0's links) the layers are
       disaggregated by that type; T >= t_k;
-    * P >= sum p2p[h,h2] w_k[h,h2] for every boundary k, w_k[h,h2] >= y[k,h] + y[k+1,h2] - 1:
-      the transfer ``simulate`` puts after every op, at the slowest stage boundary;
+    * P >= p2p[h,h2] w[h,h2] for every type pair, w[h,h2] >= y[k,h] + y[k+1,h2] - 1 for
+      every boundary k: the transfer ``simulate`` puts after every op, at the slowest stage
+      boundary;
     * interior stages of one run keep non-decreasing layer counts (symmetry breaking; their
       Lmax is non-decreasing in k).
 
@@ -1048,13 +1051,17 @@ def _pipeline_ilp(inp: _PipeInputs, time_limit_s: float, choice: str,
     # boundary k -> k+1, whose type pair is w_k[h,h2] = y[k,h] AND y[k+1,h2].
     p2p: Any = 0.0
     if p > 1:
+        # w[h,h2] = 1 when some boundary k has stage k on h and stage k+1 on h2; P is at
+        # least the cost of every pair that occurs.
         p2p = _var(prob, "P", 0)
-        for k in range(p - 1):
-            w = {hh: _var(prob, f"w_{k}_{types.index(hh[0])}_{types.index(hh[1])}", 0, 1)
-                 for hh in inp.p2p_table if (k, hh[0]) in y and (k + 1, hh[1]) in y}
-            for (h, h2), var in w.items():
-                prob += var >= y[k, h] + y[k + 1, h2] - 1
-            prob += p2p >= pulp.lpSum(MS * inp.p2p_table[hh] * var for hh, var in w.items())
+        for hh, cost in inp.p2p_table.items():
+            ks = [k for k in range(p - 1) if (k, hh[0]) in y and (k + 1, hh[1]) in y]
+            if not ks:
+                continue
+            var = _var(prob, f"w_{types.index(hh[0])}_{types.index(hh[1])}", 0, 1)
+            for k in ks:
+                prob += var >= y[k, hh[0]] + y[k + 1, hh[1]] - 1
+            prob += p2p >= MS * cost * var
     prob += (inp.m - 1) * big_t + pulp.lpSum(t) + 2.0 * (inp.m - 1 + p) * p2p
     if math.isfinite(cutoff_s):  # the step bounds of _span_bound must stay below it
         m = inp.m
