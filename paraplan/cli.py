@@ -293,10 +293,11 @@ def _read_json_file(path: Path, field: str) -> Any:
 
 def _unwrap_plan_json(data: Any, text: str, field: str) -> Any:
     """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``)."""
+    from paraplan.export.plan_json import is_plan_document
+
     if not isinstance(data, dict):
         return data
-    if str(data.get("format", "")).startswith("paraplan-plan/") and \
-            isinstance(data.get("plan"), dict):
+    if is_plan_document(data) and isinstance(data.get("plan"), dict):
         return data["plan"]
     if isinstance(data.get("plans"), list):
         feasible = [p for p in data["plans"] if isinstance(p, dict) and p.get("feasible", True)]
@@ -386,17 +387,19 @@ def _goodput(report: dict[str, Any], model: Any, mtbf_hours: float | None,
         raise SpecError(f"--storage-GBps={storage_gbps!r} must be > 0", field="--storage-GBps",
                         value=storage_gbps, allowed="> 0")
     size = checkpoint_bytes(model.num_params)
+    # Seconds to write (or reload) the whole checkpoint at the storage bandwidth.
+    transfer_s = None if storage_gbps is None else size / (storage_gbps * 1e9)
     if write_s is None:
-        if storage_gbps is None:
+        if transfer_s is None:
             raise SpecError("--mtbf-hours needs --checkpoint-write-s or --storage-GBps (how "
                             "long a checkpoint takes)", field="--checkpoint-write-s",
                             value=None)
-        write_s = size / (storage_gbps * 1e9)
+        write_s = transfer_s
     if restart_s is None:
-        if storage_gbps is None:
+        if transfer_s is None:
             raise SpecError("--mtbf-hours needs --restart-s, or --storage-GBps to take the "
                             "checkpoint reload time", field="--restart-s", value=None)
-        restart_s = size / (storage_gbps * 1e9)
+        restart_s = transfer_s
     if not report.get("feasible"):
         return None
     gp = goodput(int(report["num_gpus"]), mtbf_h=mtbf_hours, checkpoint_write_s=write_s,
@@ -641,17 +644,16 @@ def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, tr
     write_export(fmt, ctx, out, report=best.to_dict(), search=search, quiet=quiet)
 
 
-_TIME_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-               "optimizer")
-
 
 def _explain(data: dict[str, Any]) -> dict[str, Any]:
     """Breakdown diff of the two best plans, and the top rejection reasons."""
+    from paraplan.simulator.step import STEP_PARTS
+
     plans = data["plans"]
     out: dict[str, Any] = {"top_rejections": dict(list(data.get("rejected", {}).items())[:5])}
     if len(plans) >= 2:
         a, b = plans[0], plans[1]
-        diff = {k: b["time_s"][k] - a["time_s"][k] for k in _TIME_PARTS}
+        diff = {k: b["time_s"][k] - a["time_s"][k] for k in STEP_PARTS}
         mem = {k: b["memory_gb"][k] - a["memory_gb"][k] for k in a["memory_gb"]}
         out["first_vs_second"] = {
             "first": a.get("plan_short"), "second": b.get("plan_short"),
@@ -673,6 +675,8 @@ def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: An
               f"{data['search_time_s']:.2f} s"
               + (f" ({data['feasible_plans']:,} fit in memory)" if "feasible_plans" in data
                  else ""))
+    from paraplan.simulator.step import STEP_PARTS
+
     table = Table(title_justify="left")
     for col, just in (("#", "right"), ("plan", "left"), ("step", "right"), ("MFU", "right"),
                       ("tokens/s", "right"), ("mem/GPU GiB", "right"),
@@ -680,7 +684,7 @@ def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: An
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for i, rep in enumerate(plans, 1):
         total = rep["step_time_s"]
-        parts = sorted(((rep["time_s"][k], k) for k in _TIME_PARTS), reverse=True)
+        parts = sorted(((rep["time_s"][k], k) for k in STEP_PARTS), reverse=True)
         where = " ".join(f"{k.replace('_comm', '')} {100 * v / total:.0f}%"
                          for v, k in parts[:3] if v > 0)
         table.add_row(str(i), rep.get("plan_short", ""), _fmt_time(total),

@@ -17,14 +17,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from paraplan.simulator.step import simulate
+from paraplan.simulator.step import STEP_PARTS, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
-PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-         "optimizer")
 WORTH = 0.05  # parts below this share of the step are not discussed
 
 
@@ -102,7 +100,7 @@ def _describe(rep: dict[str, Any], model: ModelSpec, training: TrainingSpec,
     out = [f"{step:.4g} s per step, {100 * rep['mfu']:.1f}% MFU, "
            f"{rep['tokens_per_s']:,.0f} tokens/s on {rep['num_gpus']} GPUs"]
     m, p = rep["num_microbatches"], plan.pp
-    shares = {k: t[k] / step for k in PARTS}
+    shares = {k: t[k] / step for k in STEP_PARTS}
     if shares["compute"] >= 0.8:
         out.append(f"compute is {100 * shares['compute']:.0f}% of the step: the plan is "
                    "compute-bound; only faster kernels, less recomputation or a higher MFU "
@@ -163,7 +161,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                            "mfu": report["mfu"]}
     if report["feasible"]:
         step = report["step_time_s"]
-        out["time_share"] = {k: report["time_s"][k] / step for k in PARTS}
+        out["time_share"] = {k: report["time_s"][k] / step for k in STEP_PARTS}
         out["findings"] = _describe(report, model, training, plan)
     else:
         out["time_share"] = {}

@@ -19,8 +19,8 @@ from paraplan.executor.calibrate import (
 from paraplan.simulator.collectives import (
     all_to_all,
     group_collective,
-    group_p2p,
     p2p,
+    pipeline_p2p,
     ring_all_gather,
     ring_all_reduce,
     ring_reduce_scatter,
@@ -163,7 +163,8 @@ def test_per_kind_bandwidth_becomes_collective_efficiency(tmp_path):
     for kind, bw in (("all_reduce", 3e9), ("all_gather", 3e9), ("reduce_scatter", 1e9)):
         assert group_collective(topo, group, kind, size) == pytest.approx(
             FORMULA[kind](size, 4, bw, 100e-6), rel=1e-2)
-    assert group_p2p(topo, 0, 1, size) == pytest.approx(p2p(size, 6e9, 100e-6), rel=1e-2)
+    # GPU 0 -> GPU 1 (a two-stage pipeline of one GPU each)
+    assert pipeline_p2p(topo, 1, 2, 1, size) == pytest.approx(p2p(size, 6e9, 100e-6), rel=1e-2)
     # The joint fit is one bandwidth for every kind: no per-kind factors.
     joint = tmp_path / "joint.yaml"
     joint.write_text(calibration_cluster_yaml(meas, link_fit="joint"))

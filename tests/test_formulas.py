@@ -251,7 +251,7 @@ def test_collective_efficiency_scales_only_its_kind():
     assert coll.group_collective(t1, group, "reduce_scatter", 1e9) == pytest.approx(
         coll.ring_reduce_scatter(1e9, 8, 0.5 * bw, lat))
     pair = t0.pair(0, 8)
-    assert coll.group_p2p(t1, 0, 8, 1e8) == pytest.approx(
+    assert coll.pipeline_p2p(t1, 8, 2, 8, 1e8) == pytest.approx(  # GPU 0 -> GPU 8
         coll.p2p(1e8, 2.0 * pair.bandwidth_GBps * 1e9, pair.latency_s))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from paraplan.simulator.step import plan_chunks
 from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -27,12 +28,6 @@ RANK_ORDER = "tp-cp-ep-dp-pp"
 class ExportError(SpecError):
     """The plan cannot be written for this trainer (a feature it lacks, or one of its rules
     broken). The message names the plan field, its value and what the trainer allows."""
-
-
-def even_split(num_layers: int, chunks: int) -> list[int]:
-    """Layers per chunk as paraplan's simulator splits them (earlier chunks get the rest)."""
-    base, rem = divmod(num_layers, chunks)
-    return [base + (1 if i < rem else 0) for i in range(chunks)]
 
 
 @dataclass(frozen=True)
@@ -58,17 +53,12 @@ class ExportContext:
     @property
     def chunk_layers(self) -> list[int]:
         """Transformer layers of each model chunk (``pp * vpp`` of them, in layer order)."""
-        return list(self.plan.layers_per_stage or
-                    even_split(self.model.num_layers, self.plan.pp * self.plan.virtual_stages))
+        return plan_chunks(self.model, self.plan)[0]
 
     @property
     def rank_layers(self) -> list[int]:
         """Transformer layers held by each pipeline rank (summed over its chunks)."""
-        pp = self.plan.pp
-        out = [0] * pp
-        for c, n in enumerate(self.chunk_layers):
-            out[c % pp] += n
-        return out
+        return plan_chunks(self.model, self.plan)[1]
 
     @property
     def even(self) -> bool:

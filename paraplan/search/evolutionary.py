@@ -197,7 +197,7 @@ def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     Megatron's scatter-gather sends b*s*h/(cp*tp) per rank per boundary).
     """
     from paraplan.simulator.memory import params_per_stage
-    from paraplan.simulator.step import even_split
+    from paraplan.simulator.step import plan_chunks
 
     for name in () if model_parallel else ("tp", "cp", "ep"):
         if getattr(plan, name) != 1:
@@ -210,9 +210,8 @@ def comm_volumes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
         raise SpecError("plan.dp is not set; give plan.dp or num_gpus", field="plan.dp",
                         allowed="integer >= 1")
     dp = plan.resolved_dp(num_gpus) if plan.dp is None else plan.dp
-    pp, v = plan.pp, plan.virtual_stages
-    chunks = plan.layers_per_stage or even_split(model.num_layers, pp * v)
-    layers = [sum(chunks[c * pp + r] for c in range(v)) for r in range(pp)]
+    pp = plan.pp
+    _, layers = plan_chunks(model, plan)
     grad_bytes = effective_grad_bytes(model, training, plan)
     dp_bytes = tuple(float(sum(params_per_stage(model, plan, layers, k)) * grad_bytes)
                      for k in range(pp))

@@ -26,7 +26,7 @@ from paraplan.search.space import (
     build_space,
     evaluate_space,
 )
-from paraplan.simulator.step import StepReport, simulate
+from paraplan.simulator.step import STEP_PARTS, StepReport, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
@@ -36,8 +36,7 @@ from paraplan.specs.training import TrainingSpec
 if TYPE_CHECKING:
     import pandas as pd
 
-TIME_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "optimizer", "exposed_comm")
+TIME_PARTS = (*STEP_PARTS, "exposed_comm")
 """Time parts of a report (``StepReport.time_s`` keys), in ``SearchResult.to_frame`` order."""
 
 Progress = Callable[[int, int], None]

@@ -926,8 +926,7 @@ def _least_total(level: float, c: dict[str, float], best_lmax: dict[str, list[in
     return math.inf
 
 
-def _p2p_table(ctx: _Ctx, types: Sequence[str], cap: dict[str, int],
-               lmax: list[dict[str, int]], plan: ParallelPlan,
+def _p2p_table(ctx: _Ctx, types: Sequence[str], cap: dict[str, int], plan: ParallelPlan,
                span: int) -> dict[tuple[str, str], float]:
     """Seconds of the pipeline transfer ``simulate`` charges after every forward and backward
     op, per (type before, type after) a stage boundary: ``simulate`` charges the slowest
@@ -953,10 +952,8 @@ def _p2p_table(ctx: _Ctx, types: Sequence[str], cap: dict[str, int],
             lines = ctx.probes_p2p.get(key)
             if lines is None:  # (latency s, bytes/s) of the distinct boundary pairs
                 cl = pipeline_cluster(ctx.cluster, [h] * n if h2 == h else [h, h2], span)
-                eff = coll.kind_efficiency(cl.topology, "p2p")
-                lines = ctx.probes_p2p[key] = [
-                    (lat, bw * 1e9 * eff)
-                    for lat, bw in cl.topology.stage_boundaries(span, n, plan.tp)]
+                lines = ctx.probes_p2p[key] = coll.pipeline_p2p_lines(cl.topology, span, n,
+                                                                      plan.tp)
             out[h, h2] = max((coll.p2p(nbytes, bps, lat) for lat, bps in lines), default=0.0)
     return out
 
@@ -981,7 +978,7 @@ def _pipeline_inputs(ctx: _Ctx, ch: _Choice) -> _PipeInputs:
         head = {g: min(costs[h, g][2] + costs[h, g][3] for h in types) for g in types}
         t_lb = _bottleneck_bound(c, head, cap, lmax, L)
         if math.isfinite(t_lb):
-            p2p_table = _p2p_table(ctx, types, cap, lmax, plan, span)
+            p2p_table = _p2p_table(ctx, types, cap, plan, span)
             p2p = min(p2p_table.values(), default=math.inf) if p > 1 else 0.0
             last = [g for g in types if lmax[-1][g] >= 1]
             last_min = min(c[g] + head[g] for g in last)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from paraplan.simulator.collectives import collective_lines, kind_efficiency
+from paraplan.simulator.collectives import collective_lines, kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, lm_head_times, optimizer_step_time
 from paraplan.simulator.memory import (
@@ -60,7 +60,10 @@ CONSTANT_FIELDS = ("tp_comm_overlap", "overlap_grad_reduce", "dp_sync_interval",
                    "grad_compression_ratio", "allow_cross_node_tp", "grad_compression",
                    "compression_rank", "compression_bits", "compression_topk",
                    "pseudo_grad_bits", "activation_compression_bits")
-COMPRESSION_FIELDS = CONSTANT_FIELDS[2:4] + CONSTANT_FIELDS[5:]
+# The relaxed-synchronization knobs among them (simulator.compression prices them).
+COMPRESSION_FIELDS = tuple(f for f in CONSTANT_FIELDS
+                           if f not in ("tp_comm_overlap", "overlap_grad_reduce",
+                                        "allow_cross_node_tp"))
 SEARCHED_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "sequence_parallel", "zero_stage",
                    "micro_batch_size", "schedule", "virtual_stages", "recompute")
 # Rejection reasons, in the order they are tested (a plan is counted under the first it breaks).
@@ -466,15 +469,14 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     # lines of each (span, pp, tp).
     span_ranks = dp_ * tp_ * cp_
     uk, kinv = _key_index([span_ranks, c["pp"], tp_])
-    eff = kind_efficiency(topo, "p2p")
-    per_key = [topo.stage_boundaries(int(span), int(p_), int(t_))
+    per_key = [pipeline_p2p_lines(topo, int(span), int(p_), int(t_))
                if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
                for span, p_, t_ in uk]
     p2p_lines = np.zeros((len(uk), max(1, *(len(x) for x in per_key)), 2))
     p2p_lines[:, :, 1] = np.inf  # padding lines: 0 latency, infinite bandwidth
     for i, lines in enumerate(per_key):
-        for j, (lat, bw) in enumerate(lines):
-            p2p_lines[i, j] = (lat, bw * 1e9 * eff)
+        for j, line in enumerate(lines):
+            p2p_lines[i, j] = line
     act_bytes = c["mbs"] * training.seq_len / cp_ * model.hidden_size * cb * pp_fraction
     lines_of = p2p_lines[kinv.reshape(-1)]
     t_p2p = np.where(c["pp"] > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
@@ -551,8 +553,7 @@ def _evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: _Con
     mi = c["m"][idx]
     m = mi.astype(float)
     e_dp = ctx.edp[idx]
-    shared = (model.attention_params + model.router_params + model.norm_params_per_layer
-              + model.num_shared_experts * model.expert_params) if model.is_moe else 0.0
+    shared = model.moe_layer_shared_params if model.is_moe else 0.0
     head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
                                           if model.tie_word_embeddings and p > 1 else 0)
     dense_r = (ndense * model.dense_layer_params + nmoe * shared

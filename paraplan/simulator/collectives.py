@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from paraplan.specs.errors import SpecError
-from paraplan.specs.topology import RingCost, Topology
+from paraplan.specs.topology import RingCost, Topology, boundary_ranks
 
 
 def ring_all_reduce(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:
@@ -112,13 +112,6 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def group_p2p(topology: Topology, src: int, dst: int, nbytes: float) -> float:
-    """Point-to-point send from GPU ``src`` to ``dst`` (all GPUs sending at once), seconds."""
-    cost = topology.pair(src, dst)
-    return p2p(nbytes, cost.bandwidth_GBps * 1e9 * kind_efficiency(topology, "p2p"),
-               cost.latency_s)
-
-
 PS_MAX_MEMBERS = 4096
 
 
@@ -167,15 +160,28 @@ def ps_all_reduce(topology: Topology, group: Sequence[int], nbytes: float) -> fl
     return 2.0 * float(np.min(lat.max(axis=1) + per.sum(axis=1)))
 
 
-def pipeline_p2p(topology: Topology, span: int, stages: int, stride: int,
-                 nbytes: float) -> float:
-    """Seconds of one pipeline send of ``nbytes`` per rank with ranks in rank order (rank r on
-    GPU r): the slowest stage boundary's pair paces the pipeline in steady state, so it is
-    charged on every send (``Topology.stage_boundaries``; the placed case in ``simulate``
-    takes the same maximum over the GPUs it uses)."""
+def pipeline_p2p_lines(topology: Topology, span: int, stages: int, stride: int,
+                       placement: Sequence[int] | None = None) -> list[tuple[float, float]]:
+    """Distinct (latency s, bandwidth bytes/s, p2p efficiency included) of the pipeline sends
+    between consecutive stages of ``span`` ranks, every replica and boundary at once. Ranks
+    sit on the GPUs of the same index, or on ``placement[rank]``."""
     eff = kind_efficiency(topology, "p2p")
-    lines = topology.stage_boundaries(span, stages, stride)
-    return max((p2p(nbytes, bw * 1e9 * eff, lat) for lat, bw in lines), default=0.0)
+    if placement is None:
+        lines = topology.stage_boundaries(span, stages, stride)
+    else:
+        src, dst = boundary_ranks(span, stages, stride)
+        place = np.asarray(placement, dtype=np.int64)
+        lines = topology.pair_lines(place[src], place[dst])
+    return [(lat, bw * 1e9 * eff) for lat, bw in lines]
+
+
+def pipeline_p2p(topology: Topology, span: int, stages: int, stride: int, nbytes: float,
+                 placement: Sequence[int] | None = None) -> float:
+    """Seconds of one pipeline send of ``nbytes`` per rank: the slowest stage boundary's pair
+    paces the pipeline in steady state (DT-FM sec 3's bottleneck matching), so it is charged
+    on every send (``pipeline_p2p_lines``)."""
+    lines = pipeline_p2p_lines(topology, span, stages, stride, placement)
+    return max((p2p(nbytes, bps, lat) for lat, bps in lines), default=0.0)
 
 
 def collective_lines(topology: Topology, group: Sequence[int], kind: str,

@@ -268,16 +268,21 @@ def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: Paral
     gradient is reduce-scattered every micro-batch and only the 1/dp shard is accumulated,
     which this treats as free.
     """
-    if training.kernels != "eager" or plan.zero_stage >= 2:
-        return 0.0
     if moe:
-        shared = (model.attention_params + model.router_params + model.norm_params_per_layer
-                  + model.num_shared_experts * model.expert_params)
-        params = shared / plan.tp + (model.num_experts * model.expert_params
-                                     / (plan.ep * plan.expert_tp))
+        params = model.moe_layer_shared_params / plan.tp + (
+            model.num_experts * model.expert_params / (plan.ep * plan.expert_tp))
     else:
         params = model.dense_layer_params / plan.tp
-    return 3.0 * training.compute_bytes * params / device.memory_Bps
+    return accumulation_time(params, training, plan, device)
+
+
+def accumulation_time(params_on_rank: float, training: TrainingSpec, plan: ParallelPlan,
+                      device: Device) -> float:
+    """Seconds of the eager accumulation pass over ``params_on_rank`` parameters (see
+    ``grad_accumulation_time``: 3 x compute_bytes each; 0 for fused kernels and ZeRO-2/3)."""
+    if training.kernels != "eager" or plan.zero_stage >= 2:
+        return 0.0
+    return 3.0 * training.compute_bytes * params_on_rank / device.memory_Bps
 
 
 def lm_head_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -288,10 +293,7 @@ def lm_head_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     gemm = gemm_time(device, tokens, v, model.hidden_size)
     # Cross entropy in fp32: upcast, max, exp-sum, gradient: ~5 passes over 4-byte logits.
     ce = 5.0 * 4.0 * tokens * v / device.memory_Bps
-    accumulate = 0.0
-    if training.kernels == "eager" and plan.zero_stage < 2:  # see grad_accumulation_time
-        accumulate = 3.0 * training.compute_bytes * model.lm_head_params / plan.tp / \
-            device.memory_Bps
+    accumulate = accumulation_time(model.lm_head_params / plan.tp, training, plan, device)
     return gemm + ce, 2.0 * gemm + ce + accumulate
 
 

@@ -168,9 +168,7 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
     dense = dense_here * model.dense_layer_params
     experts = 0.0
     if moe_here:
-        shared = model.attention_params + model.router_params + model.norm_params_per_layer
-        shared += model.num_shared_experts * model.expert_params
-        dense += moe_here * shared
+        dense += moe_here * model.moe_layer_shared_params
         experts = moe_here * model.num_experts * model.expert_params
     if stage == 0:
         dense += model.embedding_params

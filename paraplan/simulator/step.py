@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 TIME_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
              "optimizer", "exposed_comm")
+STEP_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+              "optimizer")
+"""The additive parts of a step (``exposed_comm`` is their communication subtotal), in the
+order the reports show them."""
 MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other", "peak")
 
 
@@ -128,6 +132,15 @@ def even_split(num_layers: int, chunks: int) -> list[int]:
     """Layers per chunk, as even as possible (earlier chunks get the remainder)."""
     base, rem = divmod(num_layers, chunks)
     return [base + (1 if i < rem else 0) for i in range(chunks)]
+
+
+def plan_chunks(model: ModelSpec, plan: ParallelPlan) -> tuple[list[int], list[int]]:
+    """(layers of each of the pp*vpp model chunks, layers held by each pipeline rank): the
+    plan's explicit split or ``even_split``; rank r holds chunks r, r+pp, r+2pp, ...
+    (Megatron's interleaved assignment)."""
+    p, v = plan.pp, plan.virtual_stages
+    chunks = list(plan.layers_per_stage or even_split(model.num_layers, p * v))
+    return chunks, [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
 
 
 def _infeasible(plan: ParallelPlan, reasons: list[str], extra: dict[str, Any] | None = None,
@@ -241,8 +254,8 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 
     DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
     parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
-    (Megatron's distributed optimizer, DeepSpeed
-    ZeRO-1/2) reduce-scatter them and all-gather the updated parameters in the compute dtype:
+    (Megatron's distributed optimizer, DeepSpeed ZeRO-1/2) reduce-scatter them and all-gather
+    the updated parameters in the compute dtype:
     each costs half of the best all-reduce algorithm on its volume (an all-reduce is a
     reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
     the library's measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
@@ -317,9 +330,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     dp = plan.resolved_dp(n_gpus)
     p, v, t, cp = plan.pp, plan.virtual_stages, plan.tp, plan.cp
     m = training.global_batch_size // (dp * plan.micro_batch_size)
-    chunks = plan.layers_per_stage or even_split(model.num_layers, p * v)
-    # Layers per pipeline rank (rank r holds chunks r, r+p, r+2p, ...).
-    layers = [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
+    chunks, layers = plan_chunks(model, plan)  # per model chunk, per pipeline rank
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     # Pipeline sends: AQ-SGD's activation compression shrinks them (simulator.compression).
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes * pp_ratio(training, plan)
@@ -377,15 +388,10 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # ---- pipeline ------------------------------------------------------------------------
     t_p2p = 0.0
     if p > 1:
-        # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation.
-        if place is None:
-            t_p2p = coll.pipeline_p2p(topo, span_ranks, p, t, act_bytes / t)
-        else:
-            # Placed: every replica's every boundary sends at once; the slowest pair paces
-            # the pipeline (DT-FM sec 3's bottleneck matching).
-            t_p2p = max(coll.group_p2p(topo, int(place[r * span_ranks + t * i]),
-                                       int(place[(r + 1) * span_ranks + t * i]), act_bytes / t)
-                        for r in range(p - 1) for i in range(dp * cp))
+        # Megatron scatter-gather: each TP rank sends 1/t of the b*s*h activation; every
+        # replica's every boundary sends at once and the slowest pair paces the pipeline, on
+        # the GPUs the ranks are placed on.
+        t_p2p = coll.pipeline_p2p(topo, span_ranks, p, t, act_bytes / t, placement=place)
     if len(set(chunks)) == 1:
         # Even split (given or implied: the same split always gets the same time); stages
         # differ only by the embedding / LM head. Closed form on the mean

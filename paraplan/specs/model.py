@@ -170,10 +170,16 @@ class ModelSpec(StrictModel):
         return self.attention_params + self.dense_mlp_params + self.norm_params_per_layer
 
     @cached_property
+    def moe_layer_shared_params(self) -> int:
+        """The part of an MoE layer every expert-parallel rank holds (split by TP, not EP):
+        attention, router, norms and the shared experts."""
+        return (self.attention_params + self.router_params + self.norm_params_per_layer
+                + self.num_shared_experts * self.expert_params)
+
+    @cached_property
     def moe_layer_params(self) -> int:
         """All experts (routed + shared) of one MoE layer, plus attention, router and norms."""
-        experts = (self.num_experts + self.num_shared_experts) * self.expert_params
-        return self.attention_params + experts + self.router_params + self.norm_params_per_layer
+        return self.moe_layer_shared_params + self.num_experts * self.expert_params
 
     @cached_property
     def moe_layer_active_params(self) -> int:

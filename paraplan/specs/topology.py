@@ -71,6 +71,17 @@ class HierarchicalCost:
     inter: RingCost | None
 
 
+def boundary_ranks(span: int, stages: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(senders, receivers) of the pipeline sends between consecutive stages of ``span``
+    ranks: rank ``r*span + stride*i`` sends to the one ``span`` further on (one send per TP
+    group, ``stride`` = tp); empty for a single stage."""
+    if stages <= 1:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty
+    src = (np.arange(stages - 1)[:, None] * span + np.arange(0, span, stride)[None, :]).ravel()
+    return src, src + span
+
+
 class Topology:
     """Answers bandwidth/latency questions about a ClusterSpec. Build with ``Topology(cluster)``."""
 
@@ -185,12 +196,14 @@ class Topology:
         return self._memoized("bounds", key, self._stage_boundaries)  # type: ignore[return-value]
 
     def _stage_boundaries(self, key: tuple[int, int, int]) -> list[tuple[float, float]]:
-        span, stages, stride = key
-        if stages <= 1:
+        src, dst = boundary_ranks(*key)
+        return self.pair_lines(src, dst)
+
+    def pair_lines(self, src: np.ndarray, dst: np.ndarray) -> list[tuple[float, float]]:
+        """Distinct (latency s, bandwidth GB/s) of the sends ``src[i] -> dst[i]`` (GPU
+        indices), all at once (shared NICs); empty for no sends."""
+        if src.size == 0:
             return []
-        src = (np.arange(stages - 1)[:, None] * span
-               + np.arange(0, span, stride)[None, :]).ravel()
-        dst = src + span
         self._check(np.concatenate([src, dst]))
         bw, lat, _ = self._pairs(src, dst, shared=True)
         rows = np.unique(np.stack([lat, bw], axis=1), axis=0)
