@@ -87,13 +87,15 @@ def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int 
     """The ExportContext (and the simulator's report when the cluster is known) for PLAN."""
     from pydantic import ValidationError
 
-    from paraplan.cli import _read_json_file, _read_plan
+    from paraplan.cli import _read_json_file, _read_plan, _unwrap_plan_json
     from paraplan.export import export_context, is_plan_document, read_plan_document
     from paraplan.simulator.step import simulate
     from paraplan.specs.errors import from_validation_error
     from paraplan.specs.loaders import _as_path, load_cluster, load_model
+    from paraplan.specs.plan import parse_plan
     from paraplan.specs.training import TrainingSpec
 
+    data: Any = None  # the JSON file's content, read once
     path = _as_path(plan_text) if "=" not in plan_text else None
     if path is not None and path.is_file() and path.suffix.lower() == ".json":
         data = _read_json_file(path, "PLAN")
@@ -114,7 +116,8 @@ def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int 
         raise SpecError(f"exporting {plan_text!r} needs {', '.join(missing)} (or give a plan "
                         "JSON written by paraplan, which carries them)", field=missing[0],
                         value=None)
-    spec_plan = _read_plan(plan_text, field="PLAN")
+    spec_plan = (_read_plan(plan_text, field="PLAN") if data is None
+                 else parse_plan(_unwrap_plan_json(data, plan_text, "PLAN")))
     spec_model = load_model(model)  # type: ignore[arg-type]
     spec_cluster = load_cluster(cluster, nodes=nodes)  # type: ignore[arg-type]
     try:
