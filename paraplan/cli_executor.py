@@ -178,7 +178,7 @@ def register(app: typer.Typer, fmt_enum: Any, format_opt: Any, emit_json: Any) -
 
     @app.command("validate-executor")
     def validate_executor_cmd(
-        quick: Annotated[bool, typer.Option("--quick", help="Quick calibration and 3 "
+        quick: Annotated[bool, typer.Option("--quick", help="Quick calibration and 5 "
                                                             "measured steps per run.")] = False,
         cluster: Annotated[str | None, typer.Option(
             "--cluster", "-c", help="Predict with this profile instead of calibrating "
@@ -219,7 +219,7 @@ def register(app: typer.Typer, fmt_enum: Any, format_opt: Any, emit_json: Any) -
                 spec = load_cluster(str(profile))
         else:
             spec = load_cluster(cluster)
-        result = validate_executor(spec, nproc=nproc, steps=steps or (3 if quick else 6),
+        result = validate_executor(spec, nproc=nproc, steps=steps or (5 if quick else 8),
                                    progress=say)
         if fmt == json_format:
             emit_json(result)

@@ -19,7 +19,9 @@ def all_reduce_worker(rank: int, world_size: int, config: dict) -> dict:
     x = torch.full((4,), float(rank + 1))
     dist.all_reduce(x)
     return {"rank": rank, "world_size": world_size, "sum": x.tolist(), "pid": os.getpid(),
-            "threads": torch.get_num_threads(), "tag": config.get("tag")}
+            "threads": torch.get_num_threads(), "tag": config.get("tag"),
+            "malloc_env": {k: os.environ.get(k) for k in ("MALLOC_MMAP_THRESHOLD_",
+                                                          "MALLOC_TRIM_THRESHOLD_")}}
 
 
 def _publish_pid(rank: int, config: dict) -> None:

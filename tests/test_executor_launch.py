@@ -40,6 +40,17 @@ def test_two_ranks_all_reduce_ordered_by_rank():
     _assert_gone([r["pid"] for r in out])
 
 
+def test_cpu_workers_get_a_caching_allocator_unless_the_user_chose(monkeypatch):
+    from paraplan.executor.launch import CPU_ALLOCATOR_ENV
+
+    out = launch(workers.all_reduce_worker, 2, {}, timeout_s=120, backend="gloo")
+    assert all(r["malloc_env"] == CPU_ALLOCATOR_ENV for r in out)
+    assert int(CPU_ALLOCATOR_ENV["MALLOC_MMAP_THRESHOLD_"]) == 32 * 2**20  # glibc's ceiling
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    out = launch(workers.all_reduce_worker, 2, {}, timeout_s=120, backend="gloo")
+    assert all(r["malloc_env"]["MALLOC_TRIM_THRESHOLD_"] == "4096" for r in out)
+
+
 def test_world_size_four_over_tcp():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -47,10 +47,11 @@ KiB, MiB = 1024, 1024 * 1024
 ATTENTION_SHAPES = [(2, 4, 256, 64), (1, 8, 512, 64)]
 ELEMENTWISE_SHAPES = [(512, 256, 1024), (1024, 512, 2048)]
 QUICK = {"gemm_sizes": [256, 512, 1024, 2048], "gemm_repeats": 3, "mem_bytes": 256 * MiB,
-         "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB], "comm_trials": 15}
+         "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB], "comm_trials": 40}
 FULL = {"gemm_sizes": [128, 256, 512, 1024, 2048], "gemm_repeats": 5, "mem_bytes": 256 * MiB,
-        "mem_repeats": 10, "comm_sizes": [4 * KiB * 4**i for i in range(8)], "comm_trials": 21}
-COMM_BURST = 384  # square GEMM run before each timed collective (~0.1 GFLOP, ~1 ms on a core)
+        "mem_repeats": 10, "comm_sizes": [4 * KiB * 4**i for i in range(8)], "comm_trials": 60}
+COLD_SETS, COLD_BYTES = 16, 32 * MiB  # GEMM operand sets cycled per shape (see _gemm_seconds)
+COMM_BURST = 512  # square GEMM run before each timed collective (~0.27 GFLOP, ~1.3 ms on a core)
 
 
 def coefficients(kind: str, n: int) -> tuple[float, float]:
@@ -114,10 +115,23 @@ def _median_time(op: Callable[[], object], repeats: int) -> float:
 
 
 def _gemm_seconds(m: int, n: int, k: int, repeats: int) -> float:
+    """Median seconds of one ``torch.matmul`` of (m x k) @ (k x n) as training issues it:
+    operands cold (cycled through ``COLD_SETS`` pairs, at least ``COLD_BYTES`` together, so
+    no call finds its inputs in the core's caches: a layer's GEMM reads an activation written
+    one op earlier and a weight last touched a layer ago) and a freshly allocated output.
+    Hot, reused operands run ~5-10% faster than that on a CPU core."""
     import torch
 
-    a, b, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-    return _median_time(lambda: torch.matmul(a, b, out=out), repeats)
+    sets = max(2, min(COLD_SETS, math.ceil(COLD_BYTES / (4 * (m * k + k * n)))))
+    lhs = [torch.randn(m, k) for _ in range(sets)]
+    rhs = [torch.randn(k, n) for _ in range(sets)]
+    turn = iter(range(1 << 62))
+
+    def op() -> None:
+        i = next(turn) % sets
+        torch.matmul(lhs[i], rhs[i])
+
+    return _median_time(op, repeats)
 
 
 def attention_flops(b: int, heads: int, s: int, d: int) -> tuple[float, float]:
@@ -231,10 +245,16 @@ def calibration_worker(rank: int, world_size: int, config: dict) -> dict:
         out["elementwise"].append({"tokens": tokens, "hidden": hidden, "ffn": ffn,
                                    "seconds": _elementwise_seconds(tokens, hidden, ffn,
                                                                    config["gemm_repeats"])})
-    # Collectives are timed one call at a time, each after a burst of GEMMs on every rank and
-    # a barrier: that is how training issues them (between layers' compute, caches and
-    # sockets cold), and on a loopback gloo setup such a call takes up to ~2x as long as one
-    # in a back-to-back loop.
+    # Collectives are timed one call at a time, each right after a burst of GEMMs that every
+    # rank starts together (a barrier, then the burst): that is how training issues them,
+    # between layers' compute with caches, sockets and gloo's threads cold. A call issued
+    # straight after a barrier finds gloo's threads awake and takes ~0.3-0.5 ms less than in
+    # training, and one in a back-to-back loop up to 2x less. The small compute jitter of the
+    # burst (~0.1 ms between two ranks) is counted too, as it is in training. The MEAN over
+    # the trials is kept, not the median: a step adds up its collectives, so their expected
+    # time is what predicts it, and gloo on a busy core has a heavy tail (a 1 MiB
+    # all-reduce: median ~1 ms, mean ~2 ms, worst ~8 ms when its thread waits for a core),
+    # which the median would drop.
     a, b = torch.ones(COMM_BURST, COMM_BURST), torch.ones(COMM_BURST, COMM_BURST)
     for kind in config["kinds"] if world_size > 1 else ():
         for nbytes in config["comm_sizes"]:
@@ -244,14 +264,14 @@ def calibration_worker(rank: int, world_size: int, config: dict) -> dict:
                 op()  # warm-up: connections and buffers
             trials = []
             for _ in range(config["comm_trials"]):
-                torch.mm(a, b)
                 dist.barrier()
+                torch.mm(a, b)
                 start = time.perf_counter()
                 if op is not None:
                     op()
                 trials.append(time.perf_counter() - start)
             if op is not None:
-                per_op = statistics.median(trials) / (2 if kind == "p2p" else 1)
+                per_op = statistics.fmean(trials) / (2 if kind == "p2p" else 1)
                 out["comm"].append({"kind": kind, "bytes": 4 * elems, "seconds": per_op})
     return out
 
