@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paraplan import ModelSpec, ParallelPlan, TrainingSpec, load_cluster, load_model
+from paraplan import ModelSpec, ParallelPlan, TrainingSpec, load_cluster, load_model, parse_plan
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compute import Device, gemm_time, wave_efficiency
 from paraplan.simulator.flops import (
@@ -281,3 +281,42 @@ def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
                               training, count)
     assert slow == pytest.approx(0.5 * all_reduce(count * g) / 0.25
                                  + 0.5 * all_reduce(count * 2))
+
+
+@pytest.mark.parametrize("sp", [0, 1])
+def test_head_tp_collectives_by_hand(sp):
+    """Embedding, LM head and vocab-parallel cross entropy collectives of one micro-batch:
+    llama3-8b, b=1, s=4096, bf16, tp=8 on one DGX H100 (NVLink ring: 369 GB/s, 5 us).
+    act = 4096 * 4096 * 2 B = 33,554,432 B; ring all-reduce = 2*7*5 us + 1.75 * act / B
+    = 70 + 159.13 = 229.13 us (SP: all-gather + reduce-scatter, the same sum); the loss's
+    3 all-reduces of 4096 fp32 values cost 3 * (70 + 0.08) = 210.23 us. Forward pays the
+    embedding's collective and the loss's three (439.37 us), backward the LM head's."""
+    from paraplan.simulator.compute import lm_head_times
+    from paraplan.simulator.step import head_times
+
+    cluster = load_cluster("dgx-h100", nodes=1)
+    model, training = load_model("llama3-8b"), TrainingSpec(global_batch_size=8, seq_len=4096)
+    plan = parse_plan(f"tp=8,mbs=1,sp={sp}")
+    dev = Device.of(cluster.gpu, training.precision, training.kernels)
+    head = head_times(model, cluster.topology, training, plan, dev)
+    f, b = lm_head_times(model, training, plan, dev)
+    assert head.fwd - f == pytest.approx(439.37e-6, rel=1e-4)
+    assert head.bwd - b == pytest.approx(229.13e-6, rel=1e-4)
+    assert head.tp == pytest.approx(668.50e-6, rel=1e-4)
+    one = head_times(model, cluster.topology, training, parse_plan("tp=1,mbs=1"), dev)
+    assert (one.fwd, one.bwd, one.tp) == (*lm_head_times(model, training, parse_plan(
+        "tp=1,mbs=1"), dev), 0.0)
+
+
+def test_simulate_charges_head_tp_collectives_to_the_last_stage():
+    from paraplan.simulator.step import head_times, layer_cost, simulate
+
+    cluster = load_cluster("dgx-h100", nodes=1)
+    model, training = load_model("llama3-8b"), TrainingSpec(global_batch_size=8, seq_len=4096)
+    plan = parse_plan("tp=8,mbs=1,sp=1")
+    dev = Device.of(cluster.gpu, training.precision, training.kernels)
+    layer = layer_cost(model, cluster.topology, training, plan, dev, moe=False)
+    head = head_times(model, cluster.topology, training, plan, dev)
+    rep = simulate(model, cluster, training, plan)
+    m = 8  # micro-batches: 8 sequences, dp = 1, mbs = 1
+    assert rep.time_s["tp_comm"] == pytest.approx(m * (32 * layer.tp + head.tp), rel=1e-12)

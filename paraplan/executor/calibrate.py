@@ -46,7 +46,7 @@ KiB, MiB = 1024, 1024 * 1024
 # Attention shapes (batch, heads, seq, head_dim) and elementwise shapes (tokens, hidden, ffn).
 ATTENTION_SHAPES = [(2, 4, 256, 64), (1, 8, 512, 64)]
 ELEMENTWISE_SHAPES = [(512, 256, 1024), (1024, 512, 2048)]
-QUICK = {"gemm_sizes": [256, 512, 1024, 2048], "gemm_repeats": 3, "mem_bytes": 256 * MiB,
+QUICK = {"gemm_sizes": [128, 256, 512, 1024, 2048], "gemm_repeats": 3, "mem_bytes": 256 * MiB,
          "mem_repeats": 5, "comm_sizes": [4 * KiB, 64 * KiB, MiB, 16 * MiB], "comm_trials": 40}
 FULL = {"gemm_sizes": [128, 256, 512, 1024, 2048], "gemm_repeats": 5, "mem_bytes": 256 * MiB,
         "mem_repeats": 10, "comm_sizes": [4 * KiB * 4**i for i in range(8)], "comm_trials": 60}

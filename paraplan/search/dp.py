@@ -15,7 +15,7 @@ Two exact (or conservatively discretised) DPs over the simulator's own cost mode
   Transformer Training over Multiple GPUs Using Automatic Parallelism", sec 4, which runs a
   knapsack DP over layers with discretised memory) and Checkmate (Jain et al. 2020).
 
-Costs come from the simulator (``simulator.compute.layer_times`` / ``lm_head_times``, exposed
+Costs come from the simulator (``simulator.compute.layer_times`` / ``step.head_times``, exposed
 TP/CP/EP communication as ``simulator.step.simulate`` charges it, ``memory.pipeline_memory``
 with the schedule's in-flight micro-batches), so ``simulate`` of the returned plan reports the
 same stage times and memory. Times are seconds, memory is bytes internally and GiB (2^30
@@ -34,7 +34,7 @@ import numpy as np
 
 from paraplan.search.exhaustive import Progress, SearchResult
 from paraplan.search.space import SpaceOptions
-from paraplan.simulator.compute import Device, lm_head_times
+from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
     GiB,
@@ -43,7 +43,13 @@ from paraplan.simulator.memory import (
     pipeline_memory,
 )
 from paraplan.simulator.pipeline import inflight_microbatches
-from paraplan.simulator.step import StepReport, even_split, layer_cost, stage_gpu_types
+from paraplan.simulator.step import (
+    StepReport,
+    even_split,
+    head_times,
+    layer_cost,
+    stage_gpu_types,
+)
 from paraplan.specs.checks import validate_plan
 from paraplan.specs.cluster import ClusterSpec, GPUSpec
 from paraplan.specs.errors import SpecError
@@ -282,8 +288,8 @@ def _gpu_costs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     dense = _layer_pass(model, cluster, training, plan, dev, moe=False, base_rank=base_rank)
     moe = (_layer_pass(model, cluster, training, plan, dev, moe=True, base_rank=base_rank)
            if model.is_moe else dense)
-    head_f, head_b = lm_head_times(model, training, plan, dev)
-    return _GpuCosts(dense[0], dense[1], moe[0], moe[1], head_f, head_b)
+    head = head_times(model, cluster.topology, training, plan, dev, base_rank=base_rank)
+    return _GpuCosts(dense[0], dense[1], moe[0], moe[1], head.fwd, head.bwd)
 
 
 def _dense_before(model: ModelSpec, idx: np.ndarray) -> np.ndarray:

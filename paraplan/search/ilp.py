@@ -28,7 +28,7 @@ loop; the better verified plan wins and the result says which.
 
 Costs are the simulator's own: per-layer forward + backward seconds from
 ``simulator.step.layer_cost`` on ``Device.of(gpu, precision, kernels)`` (exposed TP/CP/EP
-communication and recomputation included), the LM head from ``compute.lm_head_times``,
+communication and recomputation included), the LM head from ``step.head_times``,
 and per-stage peak memory (bytes) from ``memory.pipeline_memory`` with 1F1B's in-flight
 micro-batches ``min(p - k, m)`` on stage k (Narayanan et al. 2021 sec 2.2), compared with
 each GPU type's ``memory_GiB`` (GiB = 2^30 bytes) as ``simulate`` compares them. Every
@@ -64,7 +64,7 @@ from scipy.optimize import linear_sum_assignment
 
 from paraplan.search.space import CONSTANT_FIELDS, RECOMPUTES, parse_fix
 from paraplan.simulator import collectives as coll
-from paraplan.simulator.compute import Device, lm_head_times
+from paraplan.simulator.compute import Device
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import (
     DDP_BUCKET_ELEMENTS,
@@ -79,6 +79,7 @@ from paraplan.simulator.step import (
     StepReport,
     bucketed_grad_sync,
     even_split,
+    head_times,
     layer_cost,
     simulate,
 )
@@ -358,10 +359,10 @@ def _layer_costs(ctx: _Ctx, plan: ParallelPlan, first: str,
         dev = Device.of(ctx.types[gpu].gpu, ctx.training.precision, ctx.training.kernels)
         # simulate prices each stage's TP/CP/EP groups on its own GPU type's links, so the
         # cost of type ``gpu`` no longer depends on which type hosts stage 0.
-        cost = layer_cost(ctx.model, _probe(ctx, gpu).topology, ctx.training, plan, dev,
-                          moe=ctx.model.is_moe)
-        head_f, head_b = lm_head_times(ctx.model, ctx.training, plan, dev)
-        hit = ctx.costs[key] = (cost.fwd, cost.bwd, head_f, head_b)
+        topo = _probe(ctx, gpu).topology
+        cost = layer_cost(ctx.model, topo, ctx.training, plan, dev, moe=ctx.model.is_moe)
+        head = head_times(ctx.model, topo, ctx.training, plan, dev)
+        hit = ctx.costs[key] = (cost.fwd, cost.bwd, head.fwd, head.bwd)
     return hit
 
 

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from paraplan.simulator.collectives import collective_lines, kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import Device, lm_head_times, optimizer_step_time
+from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
     CUDA_CONTEXT_BYTES,
@@ -46,7 +46,13 @@ from paraplan.simulator.memory import (
     moe_layers_in,
 )
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
-from paraplan.simulator.step import LayerParts, compose_layer_cost, even_split, layer_parts
+from paraplan.simulator.step import (
+    LayerParts,
+    compose_layer_cost,
+    even_split,
+    head_times,
+    layer_parts,
+)
 from paraplan.specs.checks import divisors
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError, from_validation_error
@@ -423,8 +429,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     nk = len(uniq)
     lc = np.zeros((nk, 2, 7))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep]
     acts = np.zeros((nk, 3))  # dense, moe, working bytes
-    head = np.zeros((nk, 2))
-    parts: dict[tuple[int, ...], tuple[LayerParts, LayerParts, tuple[float, float]]] = {}
+    head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
+    parts: dict[tuple[int, ...], tuple[LayerParts, LayerParts, tuple[float, ...]]] = {}
     for i, (t, cp, sp, mbs, rc, ep, etp) in enumerate(uniq):
         plan = ParallelPlan(tp=int(t), cp=int(cp), sequence_parallel=bool(sp),
                             micro_batch_size=int(mbs), recompute=RECOMPUTES[rc], ep=int(ep),
@@ -433,8 +439,9 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         base = (int(t), int(cp), int(sp), int(mbs), int(ep), int(etp))
         if base not in parts:  # everything but recompute
             dp_ = layer_parts(model, topo, training, plan, dev, moe=False)
+            ht = head_times(model, topo, training, plan, dev)
             parts[base] = (dp_, layer_parts(model, topo, training, plan, dev, moe=True)
-                           if model.is_moe else dp_, lm_head_times(model, training, plan, dev))
+                           if model.is_moe else dp_, (ht.fwd, ht.bwd, ht.tp))
         pd, pm, head[i] = parts[base]
         for j, pt in enumerate((pd, pm)):
             x = compose_layer_cost(pt, RECOMPUTES[rc])
@@ -673,8 +680,8 @@ def _evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: _Con
     opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
 
     out_step[idx] = span + dp_time + zero3 + opt
-    comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1])[:, None]
-    tp_c = m * stage(4)[rows, crit]
+    comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
+    tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
     cp_c = m * stage(5)[rows, crit]
     ep_c = m * stage(6)[rows, crit]
     times["compute"][idx] = m * comp[rows, crit]

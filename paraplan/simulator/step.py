@@ -216,6 +216,60 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     return LayerParts(lt, tp_c, cp_c, ep_c)
 
 
+CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class HeadTimes:
+    """The embedding, LM head and loss of one micro-batch on one rank, charged to the last
+    pipeline stage (seconds)."""
+
+    fwd: float
+    """LM head + cross entropy forward, plus the exposed TP collectives below."""
+    bwd: float
+    """Their backward, plus its exposed TP collectives."""
+    tp: float
+    """The TP-collective part of ``fwd + bwd``."""
+
+
+def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+               device: Device, *, base_rank: int = 0) -> HeadTimes:
+    """``lm_head_times`` plus the TP collectives outside the transformer layers, per
+    micro-batch (the bytes ``volumes.comm_bytes`` counts; Megatron's layout):
+
+    - the vocab-parallel embedding leaves a TP region: forward all-reduce of ``b s h``
+      (SP: reduce-scatter; its backward all-gathers the shard);
+    - the LM head enters one: backward all-reduce of ``b s h`` (SP: forward all-gather,
+      backward reduce-scatter);
+    - the vocab-parallel cross entropy all-reduces ``CE_VALUES_PER_TOKEN`` fp32 values per
+      token in as many calls (max, sum of exponentials, target logit).
+
+    The embedding's collectives belong to the first stage; they are charged here with the
+    LM head's, on the last one (one collective per micro-batch, next to the 2L/p per layer
+    stage: a pipelined plan's first stage, which has no LM head, is rarely its slowest).
+    ``tp_comm_overlap`` does not hide them. Groups as ``layer_parts`` (``base_rank``)."""
+    head_f, head_b = lm_head_times(model, training, plan, device)
+    t = plan.tp
+    if t <= 1:
+        return HeadTimes(head_f, head_b, 0.0)
+    ranks = tuple(base_rank + r for r in range(t))
+    if plan.placement is not None:
+        ranks = tuple(plan.placement[r] for r in ranks)
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    act = tokens * model.hidden_size * training.compute_bytes
+    ce = CE_VALUES_PER_TOKEN * coll.group_collective(topo, ranks, "all_reduce",
+                                                     tokens * FP32_BYTES)
+    if plan.sequence_parallel:
+        gather = coll.group_collective(topo, ranks, "all_gather", act)
+        scatter = coll.group_collective(topo, ranks, "reduce_scatter", act)
+        tp_f, tp_b = scatter + gather + ce, gather + scatter
+    else:
+        reduce = coll.group_collective(topo, ranks, "all_reduce", act)
+        tp_f, tp_b = reduce + ce, reduce
+    return HeadTimes(head_f + tp_f, head_b + tp_b, tp_f + tp_b)
+
+
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
     lt, tp_c, cp_c, ep_c = parts.times, parts.tp_s, parts.cp_s, parts.ep_s
@@ -341,7 +395,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).
     place = None if plan.placement is None else np.asarray(plan.placement, dtype=np.int64)
     stage_gpus, stage_base = stage_gpu_types(cluster, plan, p, span_ranks)
-    per_gpu: dict[tuple[str, int], tuple[Device, LayerCost, LayerCost, float, float]] = {}
+    per_gpu: dict[tuple[str, int], tuple[Device, LayerCost, LayerCost, HeadTimes]] = {}
     for gpus, bases in zip(stage_gpus, stage_base, strict=True):
         for name, gpu in gpus.items():
             key = (name, bases[name])
@@ -351,7 +405,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                    base_rank=key[1])
                 moe = (layer_cost(model, topo, training, plan, dev, moe=True,
                                   base_rank=key[1]) if model.is_moe else dense)
-                per_gpu[key] = (dev, dense, moe, *lm_head_times(model, training, plan, dev))
+                per_gpu[key] = (dev, dense, moe, head_times(model, topo, training, plan, dev,
+                                                            base_rank=key[1]))
 
     t_f, t_b, t_w = [], [], []
     comp, tp_sum, cp_sum, ep_sum = [], [], [], []
@@ -367,20 +422,22 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         n_dense = layers[r] - n_moe
         best = None
         for name in stage_gpus[r]:
-            dev, dense, moe, head_f, head_b = per_gpu[(name, stage_base[r][name])]
+            dev, dense, moe, head = per_gpu[(name, stage_base[r][name])]
             f = n_dense * dense.fwd + n_moe * moe.fwd
             b = n_dense * dense.bwd + n_moe * moe.bwd
             c = n_dense * dense.compute + n_moe * moe.compute
+            head_tp = 0.0
             if r == p - 1:
-                f, b, c = f + head_f, b + head_b, c + head_f + head_b
+                f, b, c = f + head.fwd, b + head.bwd, c + head.fwd + head.bwd - head.tp
+                head_tp = head.tp
             if best is None or f + b > best[0] + best[1]:
-                best = (f, b, c, dev, dense, moe)
-        f, b, c, dev, dense, moe = best
+                best = (f, b, c, dev, dense, moe, head_tp)
+        f, b, c, dev, dense, moe, head_tp = best
         t_f.append(f)
         t_b.append(b)
         t_w.append(n_dense * dense.wgrad + n_moe * moe.wgrad)
         comp.append(c)
-        tp_sum.append(n_dense * dense.tp + n_moe * moe.tp)
+        tp_sum.append(n_dense * dense.tp + n_moe * moe.tp + head_tp)
         cp_sum.append(n_dense * dense.cp + n_moe * moe.cp)
         ep_sum.append(n_dense * dense.ep + n_moe * moe.ep)
         stage_device.append(dev)

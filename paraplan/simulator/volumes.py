@@ -51,15 +51,13 @@ import math
 from dataclasses import dataclass
 
 from paraplan.simulator.memory import moe_layers_in
-from paraplan.simulator.step import even_split
+from paraplan.simulator.step import CE_VALUES_PER_TOKEN, FP32_BYTES, even_split
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
 KINDS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                           "p2p_send")
-CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
-FP32_BYTES = 4
 INDEX_BYTES = 8  # int64 routing counts
 
 
