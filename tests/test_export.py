@@ -5,6 +5,7 @@ written, refusals name the field, the plan JSON loads back, and the CLI works en
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import tomllib
@@ -24,6 +25,7 @@ from paraplan.export import (
     plan_document,
     read_plan_document,
 )
+from paraplan.specs.checks import check_plan
 from tests.test_cli import CMD
 
 KEYS = Path(__file__).parent / "data" / "trainer_keys"
@@ -230,6 +232,23 @@ def test_bad_plan_json_names_the_field() -> None:
         read_plan_document({**doc, "plan": {**doc["plan"], "tp": 0}})
     with pytest.raises(ExportError, match="world size"):
         read_plan_document({**doc, "world_size": 10})
+
+
+@pytest.mark.parametrize("plan, seq, says", [
+    ("tp=1,sp=1", 4096, "sequence_parallel=true needs tp > 1"),
+    ("tp=2,cp=3", 4099, "needs seq_len divisible by 2*cp=6; seq_len=4099; use an even"),
+    ("tp=2,pp=2,vpp=2", 4096, "needs schedule=interleaved"),
+])
+def test_plan_without_cluster_meets_the_rules_of_check_plan(plan, seq, says) -> None:
+    """A plan JSON carries a world size, not a cluster: it is held to every rule of
+    ``check_plan`` that needs only the world size, worded the same way."""
+    model = load_model("llama2-7b")
+    training = TrainingSpec(global_batch_size=96, seq_len=seq)
+    with pytest.raises(ExportError, match=re.escape(says)):
+        export_context(model, training, parse_plan(plan), world_size=24)
+    cluster_reasons = check_plan(model, load_cluster("dgx-a100-80gb", nodes=3), training,
+                                 parse_plan(plan))
+    assert any(says in r for r in cluster_reasons)
 
 
 def test_megatron_refuses_what_it_cannot_express() -> None:

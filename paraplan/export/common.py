@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paraplan.simulator.step import plan_chunks
-from paraplan.specs.checks import check_plan
+from paraplan.specs.checks import check_plan, check_plan_on_world
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
@@ -112,7 +112,7 @@ def export_context(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
         world = cluster.num_gpus if plan.dp is None else plan.dp * plan.model_parallel_size
     else:
         world = int(world_size)  # type: ignore[arg-type]
-        reasons = _world_rules(model, training, plan, world)
+        reasons = check_plan_on_world(model, training, plan, world)
     if reasons:
         raise ExportError("the plan cannot be exported: " + "; ".join(reasons), field="plan",
                           value=plan.short())
@@ -120,31 +120,6 @@ def export_context(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     resolved = plan.model_copy(update={"dp": dp})
     return ExportContext(model, training, resolved, world,
                          cluster.name if cluster is not None else None)
-
-
-def _world_rules(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                 world: int) -> list[str]:
-    """The structural rules that need only the world size (no cluster)."""
-    reasons = []
-    mp = plan.model_parallel_size
-    if world % mp:
-        reasons.append(f"tp*pp*cp = {mp} does not divide the world size {world}")
-        return reasons
-    dp = plan.resolved_dp(world)
-    if plan.dp is not None and plan.dp * mp != world:
-        reasons.append(f"dp*tp*pp*cp = {plan.dp * mp} does not equal the world size {world}")
-    if training.global_batch_size % (plan.micro_batch_size * dp):
-        reasons.append(f"global batch {training.global_batch_size} is not a multiple of "
-                       f"micro_batch_size*dp = {plan.micro_batch_size}*{dp}")
-    if model.num_attention_heads % plan.tp:
-        reasons.append(f"tp={plan.tp} does not divide the {model.num_attention_heads} heads")
-    chunks = plan.pp * plan.virtual_stages
-    if plan.layers_per_stage is None and model.num_layers < chunks:
-        reasons.append(f"{model.num_layers} layers cannot fill pp*vpp = {chunks} chunks")
-    if plan.layers_per_stage is not None and sum(plan.layers_per_stage) != model.num_layers:
-        reasons.append(f"layers_per_stage sums to {sum(plan.layers_per_stage)}, not the "
-                       f"model's {model.num_layers} layers")
-    return reasons
 
 
 def refuse(field: str, value: Any, trainer: str, allowed: str) -> ExportError:

@@ -89,9 +89,6 @@ def _check(ctx: ExportContext) -> None:
     if m.is_moe and p.expert_tp not in (1, p.tp):
         raise refuse("etp", p.expert_tp, TRAINER, f"expert_tensor_parallel_degree must be 1 "
                      f"or tp={p.tp}")
-    if p.cp > 1 and t.seq_len % (2 * p.cp):
-        raise refuse("cp", p.cp, TRAINER, f"seq_len {t.seq_len} must be divisible by 2*cp = "
-                     f"{2 * p.cp} (head-tail load balancing)")
     if p.recompute == "selective":
         raise refuse("recompute", "selective", TRAINER, "torchtitan's selective checkpointing "
                      "is op-level (recompute=op) or every n-th layer; Megatron's attention-core "

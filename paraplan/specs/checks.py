@@ -34,27 +34,17 @@ def check_plan(
 ) -> list[str]:
     """Return every violated rule as a reason naming the field, value, rule and a fix.
 
-    An empty list means the plan is structurally legal (memory is checked by the simulator).
+    The rules that need only the world size (``check_plan_on_world``, on the cluster's GPU
+    count), then those of the cluster itself: the placement, TP groups inside a node, and
+    the precision every GPU type supports. An empty list means the plan is structurally
+    legal (memory is checked by the simulator).
     """
-    reasons: list[str] = []
     n_gpus = cluster.num_gpus
-    mp = plan.model_parallel_size
     min_gpn = min(g.gpus_per_node for g in cluster.node_groups)
-
-    # World size (torchtitan ParallelDims._validate).
-    if plan.dp is not None:
-        if plan.dp * mp != n_gpus:
-            reasons.append(
-                f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.dp * mp} "
-                f"does not equal the cluster's {n_gpus} GPUs; "
-                + (f"use dp={n_gpus // mp}" if n_gpus % mp == 0 else "change tp, pp or cp")
-            )
-    elif n_gpus % mp:
-        reasons.append(
-            f"tp*pp*cp = {mp} does not divide the cluster's {n_gpus} GPUs, so dp cannot be "
-            f"derived; choose tp*pp*cp in {_fmt(divisors(n_gpus))}"
-        )
-    dp = plan.resolved_dp(n_gpus)
+    reasons = check_plan_on_world(model, training, plan, n_gpus,
+                                  where=f"the cluster's {n_gpus} GPUs",
+                                  tp_cap=None if plan.allow_cross_node_tp else min_gpn,
+                                  stage_cap=n_gpus)
 
     # Placement (rank -> GPU): a permutation of the cluster's GPUs; TP groups stay in a node.
     if plan.placement is not None:
@@ -75,26 +65,7 @@ def check_plan(
                     )
                     break
 
-    # Tensor parallel vs heads (Megatron: num_attention_heads % tp == 0 and
-    # num_query_groups % tp == 0).
-    heads, kv = model.num_attention_heads, model.kv_heads
-    if heads % plan.tp:
-        ok = divisors(heads, min_gpn if not plan.allow_cross_node_tp else None)
-        reasons.append(
-            f"tp={plan.tp} does not divide num_attention_heads={heads}; use tp in {_fmt(ok)}"
-        )
-    elif kv % plan.tp:
-        ok = divisors(gcd(heads, kv), min_gpn if not plan.allow_cross_node_tp else None)
-        reasons.append(
-            f"tp={plan.tp} does not divide num_kv_heads={kv} (grouped-query attention needs "
-            f"whole KV heads per rank); use tp in {_fmt(ok)}"
-        )
-    tp_cap = None if plan.allow_cross_node_tp else min_gpn
-    if model.ffn_hidden_size % plan.tp:
-        reasons.append(
-            f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}; use tp in "
-            f"{_fmt(divisors(model.ffn_hidden_size, tp_cap))}"
-        )
+    # TP groups inside a node.
     if plan.tp > min_gpn and not plan.allow_cross_node_tp:
         reasons.append(
             f"tp={plan.tp} exceeds the {min_gpn} GPUs per node, so TP traffic would cross the "
@@ -104,6 +75,71 @@ def check_plan(
         reasons.append(
             f"tp={plan.tp} does not divide the {min_gpn} GPUs per node, so some TP groups "
             f"would straddle nodes; use tp in {_fmt(divisors(min_gpn))}"
+        )
+
+    # Precision supported by every GPU type.
+    for group in cluster.node_groups:
+        if training.precision not in group.gpu.peak_tflops:
+            have = sorted(group.gpu.peak_tflops)
+            reasons.append(
+                f"precision={training.precision} is not supported by {group.gpu.name} "
+                f"(it has {', '.join(have)}); use precision="
+                + ("fp16" if "fp16" in have else have[0])
+            )
+            break
+    return reasons
+
+
+def check_plan_on_world(
+    model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, world: int, *,
+    where: str | None = None, tp_cap: int | None = None, stage_cap: int | None = None
+) -> list[str]:
+    """The rules of ``check_plan`` that need only the world size (``world`` GPUs, no cluster):
+    degrees vs the world, heads and widths vs TP, layers vs pipeline stages, experts, the
+    batch and context parallelism. What a trainer asserts at start-up, so a plan JSON loaded
+    without its cluster (``paraplan export``) is held to the same rules.
+
+    Args:
+        where: how messages name the world (default ``"the world size N"``).
+        tp_cap: largest TP suggested in fixes (the GPUs per node), None = no cap.
+        stage_cap: largest pp*vpp suggested in fixes, None = no cap.
+    """
+    reasons: list[str] = []
+    where = where or f"the world size {world}"
+    mp = plan.model_parallel_size
+
+    # World size (torchtitan ParallelDims._validate).
+    if plan.dp is not None:
+        if plan.dp * mp != world:
+            reasons.append(
+                f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} = {plan.dp * mp} "
+                f"does not equal {where}; "
+                + (f"use dp={world // mp}" if world % mp == 0 else "change tp, pp or cp")
+            )
+    elif world % mp:
+        reasons.append(
+            f"tp*pp*cp = {mp} does not divide {where}, so dp cannot be "
+            f"derived; choose tp*pp*cp in {_fmt(divisors(world))}"
+        )
+    dp = plan.resolved_dp(world)
+
+    # Tensor parallel vs heads (Megatron: num_attention_heads % tp == 0 and
+    # num_query_groups % tp == 0).
+    heads, kv = model.num_attention_heads, model.kv_heads
+    if heads % plan.tp:
+        reasons.append(
+            f"tp={plan.tp} does not divide num_attention_heads={heads}; use tp in "
+            f"{_fmt(divisors(heads, tp_cap))}"
+        )
+    elif kv % plan.tp:
+        reasons.append(
+            f"tp={plan.tp} does not divide num_kv_heads={kv} (grouped-query attention needs "
+            f"whole KV heads per rank); use tp in {_fmt(divisors(gcd(heads, kv), tp_cap))}"
+        )
+    if model.ffn_hidden_size % plan.tp:
+        reasons.append(
+            f"tp={plan.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}; use tp in "
+            f"{_fmt(divisors(model.ffn_hidden_size, tp_cap))}"
         )
     if plan.sequence_parallel and plan.tp == 1:
         reasons.append("sequence_parallel=true needs tp > 1; set sequence_parallel=false or tp>1")
@@ -120,7 +156,7 @@ def check_plan(
         if any(n == 0 for n in plan.layers_per_stage):
             reasons.append("layers_per_stage has an empty stage (0 layers); give every stage >= 1")
     elif model.num_layers % chunks:
-        ok = [p for p in divisors(model.num_layers) if p <= n_gpus]
+        ok = divisors(model.num_layers, stage_cap)
         reasons.append(
             f"pp*virtual_stages = {plan.pp}*{plan.virtual_stages} = {chunks} does not divide "
             f"num_layers={model.num_layers}; use pp*virtual_stages in {_fmt(ok)} or give "
@@ -174,22 +210,13 @@ def check_plan(
 
     # Context parallel (Megatron: seq_length % (2 * cp) == 0 for load-balanced causal CP).
     if plan.cp > 1 and training.seq_len % (2 * plan.cp):
+        ok = [c for c in divisors(training.seq_len) if training.seq_len % (2 * c) == 0]
         reasons.append(
             f"cp={plan.cp} needs seq_len divisible by 2*cp={2 * plan.cp}; seq_len="
-            f"{training.seq_len}; use cp in "
-            f"{_fmt([c for c in divisors(training.seq_len) if training.seq_len % (2 * c) == 0])}"
+            f"{training.seq_len}; "
+            + (f"use cp in {_fmt(ok)}" if ok else f"use an even seq_len (a multiple of "
+                                                  f"{2 * plan.cp} for cp={plan.cp})")
         )
-
-    # Precision supported by every GPU type.
-    for group in cluster.node_groups:
-        if training.precision not in group.gpu.peak_tflops:
-            have = sorted(group.gpu.peak_tflops)
-            reasons.append(
-                f"precision={training.precision} is not supported by {group.gpu.name} "
-                f"(it has {', '.join(have)}); use precision="
-                + ("fp16" if "fp16" in have else have[0])
-            )
-            break
     return reasons
 
 
