@@ -26,6 +26,7 @@ GiB, microseconds).
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import os
 import platform
@@ -123,13 +124,10 @@ def _gemm_seconds(m: int, n: int, k: int, repeats: int) -> float:
     import torch
 
     sets = max(2, min(COLD_SETS, math.ceil(COLD_BYTES / (4 * (m * k + k * n)))))
-    lhs = [torch.randn(m, k) for _ in range(sets)]
-    rhs = [torch.randn(k, n) for _ in range(sets)]
-    turn = iter(range(1 << 62))
+    pairs = itertools.cycle([(torch.randn(m, k), torch.randn(k, n)) for _ in range(sets)])
 
     def op() -> None:
-        i = next(turn) % sets
-        torch.matmul(lhs[i], rhs[i])
+        torch.matmul(*next(pairs))
 
     return _median_time(op, repeats)
 

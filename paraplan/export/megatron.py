@@ -7,9 +7,11 @@ from a v0.15-era commit in ``tests/data/trainer_keys/megatron_core_v0.15.txt``).
 ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` when the
 middle stages are equal, and ``--pipeline-model-parallel-layout`` otherwise.
 
-Rules checked before writing (Megatron's own asserts, see ../shared/trainer_configs.md):
-world % (tp*pp*cp) == 0, heads % tp == 0, query groups a multiple or divisor of tp, SP needs
-tp > 1, interleaving needs pp > 1, world % (etp*ep*pp) == 0, seq_len % (2*cp) == 0 with cp > 1.
+Megatron's own start-up asserts (see ../shared/trainer_configs.md: world % (tp*pp*cp) == 0,
+heads and query groups divisible by tp, SP needs tp > 1, interleaving needs pp > 1,
+world % (etp*ep*pp) == 0, seq_len % (2*cp) == 0 with cp > 1) are ``check_plan`` rules,
+enforced by ``export_context`` before this module runs; ``_check`` refuses what v0.15 cannot
+run on top of them (GPipe, zero-bubble schedules, relaxed synchronization).
 """
 
 from __future__ import annotations

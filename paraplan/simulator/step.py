@@ -165,6 +165,14 @@ class LayerParts:
     """Dispatch + combine all-to-all of one pass (MoE layers)."""
 
 
+def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
+                 ) -> tuple[int, ...]:
+    """The GPUs of a group of ranks counted from ``base_rank``: ``base_rank + r`` for each r,
+    mapped through ``plan.placement`` (rank r on GPU r when None)."""
+    ranks = tuple(base_rank + r for r in ranks)
+    return ranks if plan.placement is None else tuple(plan.placement[r] for r in ranks)
+
+
 def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
                 device: Device, *, moe: bool, base_rank: int = 0) -> LayerParts:
     """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
@@ -175,11 +183,9 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
     """
     t, cp = plan.tp, plan.cp
-    place = plan.placement
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
-        ranks = tuple(base_rank + r for r in ranks)
-        return ranks if place is None else tuple(place[r] for r in ranks)
+        return placed_group(plan, ranks, base_rank)
 
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
@@ -253,9 +259,7 @@ def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: P
     t = plan.tp
     if t <= 1:
         return HeadTimes(head_f, head_b, 0.0)
-    ranks = tuple(base_rank + r for r in range(t))
-    if plan.placement is not None:
-        ranks = tuple(plan.placement[r] for r in ranks)
+    ranks = placed_group(plan, tuple(range(t)), base_rank)
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     act = tokens * model.hidden_size * training.compute_bytes
     ce = CE_VALUES_PER_TOKEN * coll.group_collective(topo, ranks, "all_reduce",
