@@ -22,10 +22,10 @@ from paraplan.specs import (
     load_model,
     parse_plan,
 )
-
-__version__ = "0.1.0"
+from paraplan.version import __version__
 
 __all__ = [
+    "__version__",
     "ClusterSpec", "GPUSpec", "LinkSpec", "ModelSpec", "ParallelPlan", "SpecError", "StepReport",
     "Topology", "TrainingSpec", "check_plan", "list_profiles", "load_cluster", "load_model",
     "parse_plan", "SearchResult", "search", "simulate",

@@ -1,5 +1,5 @@
 """``python -m paraplan`` runs the CLI."""
 
-from paraplan.cli import _console_script
+from paraplan.cli import console_script
 
-_console_script()
+console_script()

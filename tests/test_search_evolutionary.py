@@ -18,6 +18,7 @@ from paraplan.search.evolutionary import (
     random_placement,
     rank_order_placement,
 )
+from paraplan.search.evolutionary.ordering import bottleneck_matching, exact_order, subset_layers
 
 # Small GA settings keep the file fast on 2 CPU cores.
 TINY_GA = {"population_size": 8, "generations": 6, "local_search_evals": 8}
@@ -106,7 +107,7 @@ def test_bottleneck_matching_is_optimal():
         perms = np.array(list(itertools.permutations(range(n))))
         for _ in range(20):
             cost = rng.choice(rng.random(4), size=(n, n)) + rng.random((n, n)) * 0.1
-            value, match = evo._bottleneck_matching(cost)
+            value, match = bottleneck_matching(cost)
             brute = cost[np.arange(n), perms].max(axis=1).min()
             assert value == pytest.approx(brute)
             assert sorted(match.tolist()) == list(range(n))
@@ -116,14 +117,14 @@ def test_bottleneck_matching_is_optimal():
 def test_pipeline_order_is_exact():
     rng = np.random.default_rng(1)
     for p in (2, 4, 6):
-        layers = evo._subset_layers(p)
+        layers = subset_layers(p)
         perms = np.array(list(itertools.permutations(range(p))))
         for _ in range(20):
             w = rng.random((p, p))
             w = w + w.T
             # DP cost per (group, position); the end stages carry more bytes.
             c = rng.random((p, 1)) * np.where(np.isin(np.arange(p), [0, p - 1]), 1.6, 1.0)
-            order, d, q = evo._exact_order(w, c, layers)
+            order, d, q = exact_order(w, c, layers)
             brute = (c[perms, np.arange(p)].max(axis=1)
                      + w[perms[:, :-1], perms[:, 1:]].sum(axis=1)).min()
             assert d + q == pytest.approx(brute)

@@ -49,7 +49,7 @@ FORMATS = (*EXPORTERS, "json")
 
 def header(ctx: ExportContext, trainer: str, report: dict[str, Any] | None = None) -> list[str]:
     """Provenance lines for the top of an exported file."""
-    from paraplan import __version__
+    from paraplan.version import __version__
 
     where = ctx.cluster_name or "a cluster"
     lines = [f"{trainer} settings written by paraplan {__version__}",

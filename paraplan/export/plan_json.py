@@ -29,7 +29,7 @@ def plan_document(ctx: ExportContext, *, report: dict[str, Any] | None = None,
                   search: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan JSON of ``ctx`` (JSON-ready). ``report``: a StepReport dict of this plan, whose
     headline numbers go under ``prediction``; ``search``: a ``best`` result to keep."""
-    from paraplan import __version__
+    from paraplan.version import __version__
 
     doc: dict[str, Any] = {
         "format": PLAN_FORMAT,

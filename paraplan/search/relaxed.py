@@ -55,7 +55,7 @@ def relaxed_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     Raises:
         SpecError: no grid point has a plan that fits.
     """
-    from paraplan.search import search
+    from paraplan.search.dispatch import search
     from paraplan.search.space import parse_fix
 
     pins = parse_fix(fix)

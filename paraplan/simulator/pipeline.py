@@ -1,3 +1,4 @@
+# longer than 400 lines: schedule orders, event simulation and closed forms must agree.
 """Pipeline-parallel schedules: closed forms for equal stages and an event simulation.
 
 Schedules (p stages/ranks, m micro-batches, v model chunks per rank):

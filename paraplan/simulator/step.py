@@ -5,26 +5,33 @@ Rank layout (Megatron-LM default order tp-cp-dp-pp, tp fastest):
 Step time = pipeline span (forward/backward of every micro-batch incl. exposed TP/CP/EP
 communication, bubble, p2p) + exposed DP gradient synchronisation + ZeRO-3 gathers not hidden
 by compute + optimizer step. All times in seconds, memory in GiB (2^30 bytes).
-"""
+
+The StepReport type lives in ``simulator.report`` and the per-layer costs in
+``simulator.layer``; both are re-exported here, where callers have always found them."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
-from paraplan.simulator.compute import (
-    Device,
-    LayerTimes,
-    layer_times,
-    lm_head_times,
-    optimizer_step_time,
-)
+from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
+from paraplan.simulator.layer import (
+    CE_VALUES_PER_TOKEN,
+    FP32_BYTES,
+    HeadTimes,
+    LayerCost,
+    LayerParts,
+    compose_layer_cost,
+    head_times,
+    layer_cost,
+    layer_parts,
+    placed_group,
+)
 from paraplan.simulator.memory import (
     DDP_BUCKET_ELEMENTS,
     GiB,
@@ -34,6 +41,14 @@ from paraplan.simulator.memory import (
     pipeline_memory,
 )
 from paraplan.simulator.pipeline import inflight_microbatches, pipeline_time, simulate_pipeline
+from paraplan.simulator.report import (
+    MEMORY_KEYS,
+    STEP_PARTS,
+    TIME_KEYS,
+    StepReport,
+    gib,
+    infeasible,
+)
 from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
@@ -41,80 +56,29 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
 from paraplan.specs.training import TrainingSpec
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-TIME_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
-             "optimizer", "exposed_comm")
-STEP_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
-              "optimizer")
-"""The additive parts of a step (``exposed_comm`` is their communication subtotal), in the
-order the reports show them."""
-MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other", "peak")
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """The one result type: a simulated optimizer step of a plan (the JSON contract)."""
-
-    feasible: bool
-    reasons: list[str]
-    step_time_s: float | None
-    tokens_per_s: float | None
-    model_tflops_per_gpu: float | None
-    hardware_tflops_per_gpu: float | None
-    mfu: float | None
-    hfu: float | None
-    memory_gb: dict[str, float]
-    """Worst rank's memory by kind, GiB (2^30 bytes, as nvidia-smi/PyTorch report)."""
-    memory_per_stage_gb: list[float]
-    time_s: dict[str, float]
-    plan: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Derived quantities: dp, micro-batches, layers per stage, memory capacity, headroom."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(out.pop("extra"))
-        return out
-
-    def to_frame(self) -> pd.DataFrame:
-        """Time and memory breakdown as a tidy pandas DataFrame.
-
-        Columns ``category`` ("time" or "memory"), ``part`` (a key of ``time_s`` or
-        ``memory_gb``, in their order), ``value`` and ``unit`` ("s" for time, "GiB" for the
-        worst rank's memory, 2^30 bytes). Time parts are those of the critical stage; an
-        infeasible report has zero times. pandas is imported here, not with the simulator.
-        """
-        import pandas as pd
-
-        rows = [("time", part, float(value), "s") for part, value in self.time_s.items()]
-        rows += [("memory", part, float(value), "GiB") for part, value in self.memory_gb.items()]
-        return pd.DataFrame(rows, columns=["category", "part", "value", "unit"])
-
-
-@dataclass(frozen=True)
-class LayerCost:
-    """One layer, one micro-batch, one rank: pass times incl. exposed communication (s).
-
-    fwd/bwd include exposed TP/CP/EP communication (bwd also recompute); wgrad is the weight-
-    gradient GEMM time (zb-h1's W pass); compute excludes communication; tp/cp/ep are the
-    exposed communication of forward + backward."""
-
-    fwd: float
-    bwd: float
-    wgrad: float
-    compute: float
-    tp: float
-    cp: float
-    ep: float
-
-
-def _gib(mem: StageMemory) -> dict[str, float]:
-    """A stage's memory by kind in GiB (without the peak)."""
-    return {"weights": mem.weights / GiB, "grads": mem.grads / GiB,
-            "optimizer": mem.optimizer / GiB, "activations": mem.activations / GiB,
-            "other": mem.other / GiB}
+__all__ = [
+    "CE_VALUES_PER_TOKEN",
+    "FP32_BYTES",
+    "HeadTimes",
+    "LayerCost",
+    "LayerParts",
+    "MEMORY_KEYS",
+    "STEP_PARTS",
+    "StepReport",
+    "TIME_KEYS",
+    "bucketed_grad_sync",
+    "compose_layer_cost",
+    "even_split",
+    "gib",
+    "head_times",
+    "infeasible",
+    "layer_cost",
+    "layer_parts",
+    "placed_group",
+    "plan_chunks",
+    "simulate",
+    "stage_gpu_types",
+]
 
 
 @lru_cache(maxsize=4096)
@@ -141,168 +105,6 @@ def plan_chunks(model: ModelSpec, plan: ParallelPlan) -> tuple[list[int], list[i
     p, v = plan.pp, plan.virtual_stages
     chunks = list(plan.layers_per_stage or even_split(model.num_layers, p * v))
     return chunks, [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
-
-
-def _infeasible(plan: ParallelPlan, reasons: list[str], extra: dict[str, Any] | None = None,
-                memory: dict[str, float] | None = None,
-                per_stage: list[float] | None = None) -> StepReport:
-    return StepReport(False, reasons, None, None, None, None, None, None,
-                      memory or dict.fromkeys(MEMORY_KEYS, 0.0), per_stage or [],
-                      dict.fromkeys(TIME_KEYS, 0.0), plan.model_dump(),
-                      {"plan_short": plan.short(), **(extra or {})})
-
-
-@dataclass(frozen=True)
-class LayerParts:
-    """What a layer's cost is built from, independent of recompute (seconds)."""
-
-    times: LayerTimes
-    tp_s: float
-    """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h."""
-    cp_s: float
-    """Exposed ring-attention KV passing of one forward."""
-    ep_s: float
-    """Dispatch + combine all-to-all of one pass (MoE layers)."""
-
-
-def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
-                 ) -> tuple[int, ...]:
-    """The GPUs of a group of ranks counted from ``base_rank``: ``base_rank + r`` for each r,
-    mapped through ``plan.placement`` (rank r on GPU r when None)."""
-    ranks = tuple(base_rank + r for r in ranks)
-    return ranks if plan.placement is None else tuple(plan.placement[r] for r in ranks)
-
-
-def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
-                device: Device, *, moe: bool, base_rank: int = 0) -> LayerParts:
-    """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
-
-    Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size,
-    tp_comm_overlap and placement. Groups are the TP/CP/EP groups that start at rank
-    ``base_rank`` (a multiple of tp*cp; 0 = the first groups in rank order, tp fastest), on the
-    GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
-    """
-    t, cp = plan.tp, plan.cp
-
-    def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
-        return placed_group(plan, ranks, base_rank)
-
-    mb_tokens = plan.micro_batch_size * training.seq_len / cp
-    act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
-    lt = layer_times(model, training, plan, device, moe=moe)
-    tp_c = 0.0
-    if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
-        tp_group = on(tuple(range(t)))
-        if plan.sequence_parallel:
-            tp_c = (coll.group_collective(topo, tp_group, "all_gather", act_bytes)
-                    + coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes))
-        else:
-            tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
-        if plan.tp_comm_overlap:
-            # Async TP / userbuffers split the collective into chunks pipelined with the
-            # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
-            # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
-            cover = lt.gemm_fwd_s / 4
-            tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
-    cp_c = 0.0
-    if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
-        # Every rank sends to its ring neighbour at once, so each step runs at the ring's
-        # bottleneck edge (an inter-node hop once the CP group spans nodes).
-        kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
-        ring = topo.ring(on(tuple(t * i for i in range(cp))))
-        step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
-                        ring.latency_s)
-        cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
-    ep_c = 0.0
-    if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
-        a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
-        a2a *= plan.moe_capacity_factor or 1.0  # padded to capacity (None: dropless)
-        ep_group = on(tuple(plan.expert_tp * j for j in range(plan.ep)))
-        ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
-    return LayerParts(lt, tp_c, cp_c, ep_c)
-
-
-CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
-FP32_BYTES = 4
-
-
-@dataclass(frozen=True)
-class HeadTimes:
-    """The embedding, LM head and loss of one micro-batch on one rank, charged to the last
-    pipeline stage (seconds)."""
-
-    fwd: float
-    """LM head + cross entropy forward, plus the exposed TP collectives below."""
-    bwd: float
-    """Their backward, plus its exposed TP collectives."""
-    tp: float
-    """The TP-collective part of ``fwd + bwd``."""
-
-
-def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
-               device: Device, *, base_rank: int = 0) -> HeadTimes:
-    """``lm_head_times`` plus the TP collectives outside the transformer layers, per
-    micro-batch (the bytes ``volumes.comm_bytes`` counts; Megatron's layout):
-
-    - the vocab-parallel embedding leaves a TP region: forward all-reduce of ``b s h``
-      (SP: reduce-scatter; its backward all-gathers the shard);
-    - the LM head enters one: backward all-reduce of ``b s h`` (SP: forward all-gather,
-      backward reduce-scatter);
-    - the vocab-parallel cross entropy all-reduces ``CE_VALUES_PER_TOKEN`` fp32 values per
-      token in as many calls (max, sum of exponentials, target logit).
-
-    The embedding's collectives belong to the first stage; they are charged here with the
-    LM head's, on the last one (one collective per micro-batch, next to the 2L/p per layer
-    stage: a pipelined plan's first stage, which has no LM head, is rarely its slowest).
-    ``tp_comm_overlap`` does not hide them. Groups as ``layer_parts`` (``base_rank``)."""
-    head_f, head_b = lm_head_times(model, training, plan, device)
-    t = plan.tp
-    if t <= 1:
-        return HeadTimes(head_f, head_b, 0.0)
-    ranks = placed_group(plan, tuple(range(t)), base_rank)
-    tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    act = tokens * model.hidden_size * training.compute_bytes
-    ce = CE_VALUES_PER_TOKEN * coll.group_collective(topo, ranks, "all_reduce",
-                                                     tokens * FP32_BYTES)
-    if plan.sequence_parallel:
-        gather = coll.group_collective(topo, ranks, "all_gather", act)
-        scatter = coll.group_collective(topo, ranks, "reduce_scatter", act)
-        tp_f, tp_b = scatter + gather + ce, gather + scatter
-    else:
-        reduce = coll.group_collective(topo, ranks, "all_reduce", act)
-        tp_f, tp_b = reduce + ce, reduce
-    return HeadTimes(head_f + tp_f, head_b + tp_b, tp_f + tp_b)
-
-
-def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
-    """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
-    lt, tp_c, cp_c, ep_c = parts.times, parts.tp_s, parts.cp_s, parts.ep_s
-    full = recompute == "full"
-    extra = {
-        "full": lt.forward_s,
-        "selective": lt.attention_fwd_s,
-        # op-level SAC re-runs every other matmul and every memory-bound op.
-        "op": 0.5 * lt.gemm_fwd_s + lt.elementwise_fwd_s,
-    }.get(recompute, 0.0)
-    # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
-    tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
-    cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
-    ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
-    return LayerCost(
-        fwd=lt.forward_s + tp_f + cp_f + ep_f,
-        bwd=lt.backward_s + extra + tp_b + cp_b + ep_b,
-        wgrad=lt.gemm_fwd_s,
-        compute=lt.forward_s + lt.backward_s + extra,
-        tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
-    )
-
-
-def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
-               device: Device, *, moe: bool, base_rank: int = 0) -> LayerCost:
-    """One layer, one micro-batch, one rank: pass times incl. exposed TP/CP/EP communication
-    and recomputation (``layer_parts`` composed under ``plan.recompute``), seconds."""
-    return compose_layer_cost(layer_parts(model, topo, training, plan, device, moe=moe,
-                                          base_rank=base_rank), plan.recompute)
 
 
 def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
@@ -382,7 +184,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     """
     reasons = check_plan(model, cluster, training, plan)
     if reasons:
-        return _infeasible(plan, reasons)
+        return infeasible(plan, reasons)
     topo = cluster.topology
     n_gpus = cluster.num_gpus
     dp = plan.resolved_dp(n_gpus)
@@ -546,7 +348,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     # furthest beyond) its capacity.
     caps = [min(g.memory_GiB for g in stage_gpus[r].values()) for r in range(p)]
     worst = max(range(p), key=lambda r: mems[r].peak / GiB - caps[r])
-    memory = {**_gib(mems[worst]), "peak": mems[worst].peak / GiB}
+    memory = {**gib(mems[worst]), "peak": mems[worst].peak / GiB}
     per_stage = [mm.peak / GiB for mm in mems]
     capacity = caps[worst]
 
@@ -557,7 +359,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
               "optimizer": opt, "exposed_comm": exposed}
     extra = {"dp": dp, "num_microbatches": m, "layers_per_stage": layers,
              "stage_forward_s": t_f, "stage_backward_s": t_b, "stage_wgrad_s": t_w,
-             "memory_per_stage_breakdown_gb": [_gib(mm) for mm in mems],
+             "memory_per_stage_breakdown_gb": [gib(mm) for mm in mems],
              "memory_capacity_gb": capacity, "memory_headroom_gb": capacity - memory["peak"],
              "num_gpus": n_gpus, "gpus_per_stage": span_ranks, "worst_stage": worst,
              "stage_gpu_types": [sorted(g) for g in stage_gpus],
@@ -574,7 +376,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   f"{memory['other']:.1f}); try a higher zero_stage, recompute=selective/full, "
                   "a smaller micro_batch_size or more tp/pp")
         if not time_if_oom:
-            return _infeasible(plan, [reason], extra, memory, per_stage)
+            return infeasible(plan, [reason], extra, memory, per_stage)
         oom_reasons = [reason]
     else:
         oom_reasons = []
@@ -594,4 +396,3 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         mfu=mtf / peak, hfu=htf / peak, memory_gb=memory, memory_per_stage_gb=per_stage,
         time_s=time_s, plan=plan.model_dump(), extra=extra,
     )
-

@@ -1,3 +1,4 @@
+# longer than 400 lines: the GPU, link, node-group and cluster specs validate each other.
 """GPU, Link and Cluster specs.
 
 A cluster is one or more *node groups* (a GPU type, GPUs per node, node count, the link inside

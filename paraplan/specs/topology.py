@@ -20,12 +20,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
-from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
+
+if TYPE_CHECKING:  # annotations only: ClusterSpec builds its Topology (cluster -> topology)
+    from paraplan.specs.cluster import ClusterSpec
 
 TIERS = ("self", "intra_node", "intra_region", "inter_region")
 

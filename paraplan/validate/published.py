@@ -32,7 +32,8 @@ from paraplan.validate.conventions import (
     RunShape,
     step_time_from_metric,
 )
-from paraplan.validate.rows import _cell, _number, _Skip, _specs
+from paraplan.validate.row_cells import SkipRow, cell, number
+from paraplan.validate.rows import row_specs
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_THROUGHPUT_CSV = DATA_DIR / "published_throughput.csv"
@@ -106,22 +107,22 @@ def _read_rows(path: str | Path | None, default: Path) -> list[dict[str, Any]]:
 
 
 def _measured(row: dict[str, Any], metric: str) -> float:
-    text = _cell(row, "measured_value")
-    value = _number(text, "measured_value") if text else float("nan")
+    text = cell(row, "measured_value")
+    value = number(text, "measured_value") if text else float("nan")
     if metric == "mfu" and not text.endswith("%") and value <= 1:
         value *= 100.0  # MFU is kept in percent
     return value
 
 
 def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
-    metric = _cell(row, "measured_metric")
+    metric = cell(row, "measured_metric")
     try:
         measured = _measured(row, metric)
-    except _Skip as exc:
+    except SkipRow as exc:
         measured, bad = float("nan"), str(exc)
     else:
         bad = None
-    s = _specs(row)
+    s = row_specs(row)
     shape = None
     step = None
     if s.model is not None and s.num_gpus is not None:
@@ -135,7 +136,7 @@ def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
     if skip is None and step is None:
         skip = "measured value could not be converted to a step time"
     return PublishedCase(
-        index=index, source_id=s.source, model_name=_cell(row, "model_name"), metric=metric,
+        index=index, source_id=s.source, model_name=cell(row, "model_name"), metric=metric,
         measured=measured, measured_step_time_s=step, model=s.model, cluster=s.cluster,
         training=s.training, plan=s.plan, skip_reason=skip, doubtful=s.doubt,
         framework=s.framework, assumptions=tuple(s.notes), num_gpus=s.num_gpus,
@@ -146,7 +147,7 @@ def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
 def load_published_throughput(path: str | Path | None = None) -> list[PublishedCase]:
     """One case per row of ``published_throughput.csv`` (bundled copy when ``path`` is None)."""
     return [_throughput_case(i, row) for i, row in enumerate(_read_rows(path,
-                                                                         DEFAULT_THROUGHPUT_CSV))]
+                                                                        DEFAULT_THROUGHPUT_CSV))]
 
 
 # ---- memory -----------------------------------------------------------------------------------
@@ -167,13 +168,13 @@ def _memory_metric(scope: str, unit: str) -> str:
 
 
 def _memory_case(index: int, row: dict[str, Any]) -> MemoryCase:
-    unit, scope = _cell(row, "unit"), _cell(row, "memory_scope")
+    unit, scope = cell(row, "unit"), cell(row, "memory_scope")
     metric = _memory_metric(scope, unit)
-    s = _specs(row, memory=True)
+    s = row_specs(row, memory=True)
     skip = s.skip
     try:
-        measured = _number(_cell(row, "measured_value"), "measured_value")
-    except _Skip as exc:
+        measured = number(cell(row, "measured_value"), "measured_value")
+    except SkipRow as exc:
         measured, skip = float("nan"), str(exc)
     if skip is None and not measured > 0:
         skip = f"measured value {measured!r} is not positive"
@@ -181,9 +182,9 @@ def _memory_case(index: int, row: dict[str, Any]) -> MemoryCase:
     gib = measured * factor if factor is not None and metric != METRIC_PCT else None
     if gib is None and metric != METRIC_PCT and skip is None:
         skip = f"memory unit {unit!r} is not understood"
-    flag = _cell(row, "measured_or_analytical")
+    flag = cell(row, "measured_or_analytical")
     return MemoryCase(
-        index=index, source_id=s.source, model_name=_cell(row, "model_name"), metric=metric,
+        index=index, source_id=s.source, model_name=cell(row, "model_name"), metric=metric,
         measured=measured, unit=unit, measured_gib=gib, scope=scope,
         measured_or_analytical=flag, is_measured=flag.lower() == "measured", model=s.model,
         cluster=s.cluster, training=s.training, plan=s.plan, skip_reason=skip,

@@ -18,8 +18,7 @@ Clusters: A100 80/40GB -> dgx-a100-80gb/-40gb (Selene: 8x HDR 200G per node), ex
 "1600 Gbps RoCE" (8x roce-200g) and BLOOM's Jean Zay nodes (4x Omni-Path 100G); H100 ->
 dgx-h100, except torchtitan's Grand Teton hosts (400 Gb/s RDMA per GPU) -> dgx-h100-roce;
 H200 -> hgx-h200; V100 p3.16xlarge -> aws-p3.16xlarge (25 Gbps). The GPU memory is set to the
-row's gpu_mem_gb where it differs from the preset (Grand Teton H100: 96/95 GB).
-"""
+row's gpu_mem_gb where it differs from the preset (Grand Teton H100: 96/95 GB)."""
 
 from __future__ import annotations
 
@@ -28,8 +27,6 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import BaseModel
 
 from paraplan.specs import (
     ClusterSpec,
@@ -40,7 +37,7 @@ from paraplan.specs import (
     check_plan,
     load_cluster,
 )
-from paraplan.specs.loaders import _build, cluster_from_dict, load_gpu
+from paraplan.specs.loaders import cluster_from_dict, load_gpu
 from paraplan.validate.conventions import (
     FRAMEWORK_DP_GRAD_OVERLAP,
     FRAMEWORK_DROPOUT,
@@ -52,101 +49,15 @@ from paraplan.validate.conventions import (
     recompute_from_text,
     zero_stage_from_text,
 )
-
-# NVIDIA/Megatron-LM examples/sc21/run_table_1.sh: model -> (tp, pp, mbs, gbs, vpp, DDP impl);
-# vpp = layers / pp / --num-layers-per-virtual-pipeline-stage; every model uses
-# "--recompute-method uniform" (full recompute).
-SC21_TABLE_1: dict[str, tuple[int, int, int, int, int, str]] = {
-    "GPT-1.7B": (1, 1, 16, 512, 1, "torch"),
-    "GPT-3.6B": (2, 1, 16, 512, 1, "torch"),
-    "GPT-7.5B": (4, 1, 16, 512, 1, "torch"),
-    "GPT-18B": (8, 1, 8, 1024, 1, "torch"),
-    "GPT-39B": (8, 2, 4, 1536, 1, "local"),
-    "GPT-76B": (8, 4, 2, 1792, 3, "local"),
-    "GPT-145B": (8, 8, 2, 2304, 2, "local"),
-    "GPT-310B": (8, 16, 1, 2160, 2, "local"),
-    "GPT-530B": (8, 35, 1, 2520, 3, "local"),
-    "GPT-1T": (8, 64, 1, 3072, 1, "local"),
-}
-
-# Korthikanti Table 5 global batch per model (hidden size), for memory rows that omit it.
-KORTHIKANTI_GBS = {6144: 4, 12288: 64, 20480: 280, 25600: 512}
-
-# Vocabulary where a source's row leaves it empty.
-DEFAULT_VOCAB = {
-    "dtfm_yuan2022": (50257, "vocab 50257 (GPT-2 BPE used by Megatron GPT; not stated)"),
-    "korthikanti2022": (51200, "vocab 51200 (the Megatron GPT vocabulary of the throughput rows)"),
-    "megatron2021_narayanan": (51200, "vocab 51200 (Megatron README)"),
-    "megascale2024_megatron_baseline": (50257, "vocab 50257 (GPT-3 175B's BPE; MegaScale trains "
-                                                "the GPT-3 architecture)"),
-}
-
-# Doubt-column phrases that mean a plan field (or seq_len / batch / GPU count) was guessed.
-# Hardware-only or architecture-only notes ("interconnect not stated", "filled from the public
-# model config", "arch from mpt-*.yaml") do not make a row doubtful.
-_PLAN_DOUBT = re.compile(
-    r"\bderived\b|\bassumed\b|\binferred\b|transcription|not in README|\bunknown\b|"
-    r"\(not read\)|seq_len (?:\d+ = |not stated)",
-    re.IGNORECASE,
+from paraplan.validate.row_cells import SkipRow, cell, int_cell, make_spec, model_family
+from paraplan.validate.source_facts import (
+    BLOOM_LAYERS_PER_STAGE,
+    DEFAULT_VOCAB,
+    KORTHIKANTI_GBS,
+    OMNI_PATH_100G,
+    PLAN_DOUBT,
+    SC21_TABLE_1,
 )
-
-# BLOOM tr11 README: --pp-partition-method 'type:transformer|embedding' gives
-# [embed | 5 blocks], 6 blocks x 10, [5 blocks | embed].
-BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
-
-OMNI_PATH_100G = {
-    "name": "omnipath-100g", "kind": "infiniband", "bandwidth_Gbps": 100, "latency_us": 20,
-    "efficiency": 0.9,
-    "notes": "Intel Omni-Path 100 Gb/s port (Jean Zay, BLOOM tr11: 4 OPA links per node); "
-             "latency and efficiency copied from the ib-hdr profile (ESTIMATE)",
-}
-
-
-# ---- reading cells ----------------------------------------------------------------------------
-
-
-class _Skip(Exception):
-    """The row cannot be turned into specs; the message is the skip reason."""
-
-
-def _cell(row: dict[str, Any], key: str) -> str:
-    return str(row.get(key) or "").strip()
-
-
-def _number(text: str, key: str) -> float:
-    try:
-        return float(text.replace(",", "").rstrip("%").strip())
-    except ValueError:
-        raise _Skip(f"column {key}={text!r} is not a number") from None
-
-
-def _int(row: dict[str, Any], key: str) -> int | None:
-    text = _cell(row, key)
-    if not text:
-        return None
-    value = _number(text, key)
-    if value != int(value):
-        raise _Skip(f"column {key}={text!r} is not a whole number")
-    return int(value)
-
-
-def _make(cls: type[BaseModel], where: str, **kwargs: Any) -> Any:
-    """``cls(**kwargs)`` with pydantic errors turned into SpecError (see loaders._build)."""
-    return _build(cls, kwargs, where)
-
-
-def _family(name: str, source: str) -> str:
-    low = name.lower()
-    if low.startswith("llama") or source == "torchtitan":
-        return "llama"
-    if low.startswith("mpt") or source == "mosaicml_llmfoundry_mpt":
-        return "mpt"
-    if low.startswith("bloom"):
-        return "bloom"
-    return "gpt"
-
-
-# ---- specs from one row -----------------------------------------------------------------------
 
 
 @dataclass
@@ -171,41 +82,41 @@ class _Specs:
 
 
 def _seq_len(row: dict[str, Any], s: _Specs) -> int:
-    seq = _int(row, "seq_len")
+    seq = int_cell(row, "seq_len")
     if seq is None:
         if s.source != "torchtitan":
-            raise _Skip("seq_len is not published for this row")
+            raise SkipRow("seq_len is not published for this row")
         s.guess("seq_len 8192 assumed (torchtitan Llama 3 train configs' default)")
         seq = 8192
     return seq
 
 
 def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
-    name = _cell(row, "model_name") or "unnamed"
-    family = _family(name, s.source)
-    layers, hidden = _int(row, "layers"), _int(row, "hidden")
+    name = cell(row, "model_name") or "unnamed"
+    family = model_family(name, s.source)
+    layers, hidden = int_cell(row, "layers"), int_cell(row, "hidden")
     if layers is None or hidden is None:
-        raise _Skip("layers and hidden size are needed to build the model")
-    heads = _int(row, "heads")
+        raise SkipRow("layers and hidden size are needed to build the model")
+    heads = int_cell(row, "heads")
     if heads is None:
         heads = max(1, hidden // 128)
         s.notes.append(f"heads {heads} = hidden/128 (GPT-3 head width 128; not in the row)")
-    activation = _cell(row, "activation") or ("swiglu" if family == "llama" else "gelu")
-    ffn = _int(row, "ffn_hidden")
+    activation = cell(row, "activation") or ("swiglu" if family == "llama" else "gelu")
+    ffn = int_cell(row, "ffn_hidden")
     if ffn is None:
         if activation in ("swiglu", "geglu"):
-            raise _Skip("ffn_hidden is needed for a gated MLP")
+            raise SkipRow("ffn_hidden is needed for a gated MLP")
         ffn = 4 * hidden
-    vocab = _int(row, "vocab")
+    vocab = int_cell(row, "vocab")
     if vocab is None:
         if s.source not in DEFAULT_VOCAB:
-            raise _Skip("vocab size is not published for this row")
+            raise SkipRow("vocab size is not published for this row")
         vocab, note = DEFAULT_VOCAB[s.source]
         s.notes.append(note)
-    experts, topk = _int(row, "moe_experts") or 0, _int(row, "moe_topk") or 0
-    return _make(
+    experts, topk = int_cell(row, "moe_experts") or 0, int_cell(row, "moe_topk") or 0
+    return make_spec(
         ModelSpec, "model", name=name, family=family, num_layers=layers, hidden_size=hidden,
-        num_attention_heads=heads, num_kv_heads=_int(row, "kv_heads"), ffn_hidden_size=ffn,
+        num_attention_heads=heads, num_kv_heads=int_cell(row, "kv_heads"), ffn_hidden_size=ffn,
         vocab_size=vocab, activation=activation,
         norm="rmsnorm" if family == "llama" else "layernorm",
         position_embedding={"llama": "rope", "mpt": "alibi", "bloom": "alibi"}.get(
@@ -237,8 +148,8 @@ def _base_cluster(kind: str) -> ClusterSpec:
 
 def _cluster_kind(row: dict[str, Any], s: _Specs) -> str:
     """gpu_type / gpu_mem_gb / inter_node_link -> cluster preset (or custom A100 kind)."""
-    gpu_type = _cell(row, "gpu_type")
-    low, link = gpu_type.lower(), _cell(row, "inter_node_link").lower()
+    gpu_type = cell(row, "gpu_type")
+    low, link = gpu_type.lower(), cell(row, "inter_node_link").lower()
     if "v100" in low:
         return "aws-p3.16xlarge"
     if "h200" in low:
@@ -249,7 +160,7 @@ def _cluster_kind(row: dict[str, Any], s: _Specs) -> str:
         roce = s.source == "torchtitan" or "rdma" in link or "roce" in link
         return "dgx-h100-roce" if roce else "dgx-h100"
     if "a100" in low:
-        size = 40 if _int(row, "gpu_mem_gb") == 40 else 80
+        size = 40 if int_cell(row, "gpu_mem_gb") == 40 else 80
         if "omni" in link:
             s.notes.append("inter-node: 4x Omni-Path 100G per node")
             return f"a100-{size}gb-opa"
@@ -257,24 +168,24 @@ def _cluster_kind(row: dict[str, Any], s: _Specs) -> str:
             s.notes.append("inter-node: 8x RoCE 200G per node (1600 Gbps)")
             return f"a100-{size}gb-roce"
         return f"dgx-a100-{size}gb"
-    raise _Skip(f"GPU type {gpu_type!r} has no cluster preset")
+    raise SkipRow(f"GPU type {gpu_type!r} has no cluster preset")
 
 
 def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
     cluster = _base_cluster(_cluster_kind(row, s))
     group = cluster.node_groups[0]
-    gpn = _int(row, "gpus_per_node") or group.gpus_per_node
+    gpn = int_cell(row, "gpus_per_node") or group.gpus_per_node
     nodes = max(1, math.ceil(num_gpus / gpn))
     group = group.model_copy(update={"num_nodes": nodes})
-    if "hbm2e" in _cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
+    if "hbm2e" in cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
         # Grand Teton H100s carry HBM2e (2.41 TB/s), not the SXM5's HBM3 (3.35 TB/s).
         group = group.model_copy(update={"gpu": load_gpu("h100-sxm-hbm2e")})
         s.notes.append("GPU h100-sxm-hbm2e (HBM2e part); its 500 W power limit is not modelled")
-    mem = _int(row, "gpu_mem_gb")
+    mem = int_cell(row, "gpu_mem_gb")
     if mem and abs(group.gpu.memory_GiB - mem) > 1:
         gpu = group.gpu.model_copy(update={"memory_GiB": float(mem)})
         group = group.model_copy(update={"gpu": gpu})
-        s.notes.append(f"{gpu.name} memory set to the row's {mem} GB ({_cell(row, 'gpu_type')})")
+        s.notes.append(f"{gpu.name} memory set to the row's {mem} GB ({cell(row, 'gpu_type')})")
     if num_gpus < group.gpus_per_node:
         group = group.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1})
     return cluster.model_copy(update={"node_groups": [group]})
@@ -294,24 +205,24 @@ def _torchtitan_split(layers: int, stages: int) -> list[int]:
 
 
 def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> ParallelPlan:
-    tp, pp = _int(row, "tp") or 1, _int(row, "pp") or 1
-    cp, ep, dp = _int(row, "cp") or 1, _int(row, "ep") or 1, _int(row, "dp")
-    zero = zero_stage_from_text(_cell(row, "zero_stage"))
+    tp, pp = int_cell(row, "tp") or 1, int_cell(row, "pp") or 1
+    cp, ep, dp = int_cell(row, "cp") or 1, int_cell(row, "ep") or 1, int_cell(row, "dp")
+    zero = zero_stage_from_text(cell(row, "zero_stage"))
     if zero is None:
-        raise _Skip(f"zero_stage {_cell(row, 'zero_stage')!r} is not understood")
-    recompute = recompute_from_text(_cell(row, "recompute"))
-    if recompute is None and _cell(row, "recompute"):
-        raise _Skip(f"recompute {_cell(row, 'recompute')!r} is not understood")
-    mbs, gbs = _int(row, "micro_batch"), _int(row, "global_batch")
-    vpp_text = _cell(row, "vpp")
+        raise SkipRow(f"zero_stage {cell(row, 'zero_stage')!r} is not understood")
+    recompute = recompute_from_text(cell(row, "recompute"))
+    if recompute is None and cell(row, "recompute"):
+        raise SkipRow(f"recompute {cell(row, 'recompute')!r} is not understood")
+    mbs, gbs = int_cell(row, "micro_batch"), int_cell(row, "global_batch")
+    vpp_text = cell(row, "vpp")
     vpp: int | None = None
     if vpp_text:
         if re.fullmatch(r"\d+(\.0+)?", vpp_text):
-            vpp = _int(row, "vpp")
+            vpp = int_cell(row, "vpp")
         elif "interleav" not in vpp_text.lower():
-            raise _Skip(f"vpp {vpp_text!r} is not understood")
+            raise SkipRow(f"vpp {vpp_text!r} is not understood")
     layers_per_stage: list[int] | None = None
-    name = _cell(row, "model_name")
+    name = cell(row, "model_name")
 
     if s.source == "megatron2021_narayanan":
         sc21 = SC21_TABLE_1.get(name)
@@ -358,65 +269,65 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         mbs = 1
         s.guess("micro-batch not stated; 1 assumed")
     s.gbs = gbs
-    return _make(
+    return make_spec(
         ParallelPlan, "plan", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
         # torchtitan's TP plan always shards norms over the sequence (SequenceParallel) and
         # uses loss parallel (torchtitan/models/llama3/infra/parallelize.py apply_tp).
-        sequence_parallel=_cell(row, "sequence_parallel").lower() in ("1", "true", "yes")
-        or (s.framework == "torchtitan" and (_int(row, "tp") or 1) > 1),
+        sequence_parallel=cell(row, "sequence_parallel").lower() in ("1", "true", "yes")
+        or (s.framework == "torchtitan" and (int_cell(row, "tp") or 1) > 1),
         zero_stage=zero, micro_batch_size=mbs, schedule="interleaved" if vpp > 1 else "1f1b",
         virtual_stages=vpp, recompute=recompute, layers_per_stage=layers_per_stage,
     )
 
 
-def _specs(row: dict[str, Any], memory: bool = False) -> _Specs:
+def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
     """Build every spec of one row; a problem ends up in ``skip`` with what was built so far."""
-    source = _cell(row, "source_id")
+    source = cell(row, "source_id")
     conv = SOURCES.get(source)
     s = _Specs(source=source, framework=conv.framework if conv else "unknown", notes=[])
     s.overlap = FRAMEWORK_DP_GRAD_OVERLAP.get(s.framework)
-    if _PLAN_DOUBT.search(_cell(row, "doubt")):
-        if source == "megatron2021_narayanan" and _cell(row, "model_name") in SC21_TABLE_1:
+    if PLAN_DOUBT.search(cell(row, "doubt")):
+        if source == "megatron2021_narayanan" and cell(row, "model_name") in SC21_TABLE_1:
             s.notes.append("doubt column resolved by examples/sc21/run_table_1.sh")
         else:
-            s.guess(f"CSV doubt column: {_cell(row, 'doubt')}")
+            s.guess(f"CSV doubt column: {cell(row, 'doubt')}")
     try:
         if conv is None:
-            raise _Skip(f"source {source!r} has no recorded conventions (sources.md)")
+            raise SkipRow(f"source {source!r} has no recorded conventions (sources.md)")
         seq = _seq_len(row, s)
         s.seq_len = seq
         s.model = _model(row, s, seq)
-        num_gpus = _int(row, "num_gpus")
+        num_gpus = int_cell(row, "num_gpus")
         if num_gpus is None:
             if not memory:
-                raise _Skip("num_gpus is not published for this row")
-            dp = _int(row, "dp") or 1
-            num_gpus = dp * (_int(row, "tp") or 1) * (_int(row, "pp") or 1) * (_int(row, "cp")
-                                                                              or 1)
+                raise SkipRow("num_gpus is not published for this row")
+            dp = int_cell(row, "dp") or 1
+            num_gpus = dp * ((int_cell(row, "tp") or 1) * (int_cell(row, "pp") or 1)
+                             * (int_cell(row, "cp") or 1))
             s.guess(f"{num_gpus} GPUs = tp*pp*cp*dp with dp={dp} (GPU count not in the row)")
         s.num_gpus = num_gpus
         s.cluster = _cluster(row, s, num_gpus)
         s.plan = _plan(row, s, s.model, num_gpus)
-        precision = precision_from_text(_cell(row, "precision"))
+        precision = precision_from_text(cell(row, "precision"))
         if precision is None:
             if source == "korthikanti2022":
                 precision = "fp16"
                 s.notes.append("fp16 (Korthikanti runs, per calculon's transcription)")
-            elif not _cell(row, "precision"):
+            elif not cell(row, "precision"):
                 # bf16 and fp16 peaks are equal on A100/H100/H200, so this does not move the
                 # time; a GPU without bf16 is rejected by the plan checker.
                 precision = "bf16"
                 s.guess("16-bit precision assumed (the row leaves it empty)")
             else:
-                raise _Skip(f"precision {_cell(row, 'precision')!r} is not understood")
+                raise SkipRow(f"precision {cell(row, 'precision')!r} is not understood")
         if s.gbs is None and memory and source == "korthikanti2022":
             s.gbs = KORTHIKANTI_GBS.get(s.model.hidden_size)
             if s.gbs is not None:
                 s.guess(f"global batch {s.gbs} from the Table 5 config of this model")
         if s.gbs is None:
-            raise _Skip("global batch size is not published, so neither the step time nor the "
-                        "pipeline schedule of this run is known")
-        notes = (_cell(row, "notes") + " " + _cell(row, "secondary_metrics")).lower()
+            raise SkipRow("global batch size is not published, so neither the step time nor the "
+                          "pipeline schedule of this run is known")
+        notes = (cell(row, "notes") + " " + cell(row, "secondary_metrics")).lower()
         compiled = "compile" in notes
         kernels = "eager" if (s.framework == "torchtitan" and not compiled) else "fused"
         origin = "torch.compile" if compiled else s.framework
@@ -428,17 +339,16 @@ def _specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         if s.plan.tp > 1 and ("asynctp" in notes or s.framework in FRAMEWORK_TP_COMM_OVERLAP):
             s.plan = s.plan.model_copy(update={"tp_comm_overlap": True})
             s.notes.append("TP communication overlapped with GEMMs (async TP / userbuffers)")
-        s.training = _make(TrainingSpec, "training", global_batch_size=s.gbs, seq_len=seq,
-                           precision=precision, flash_attention=conv.flash_attention,
-                           kernels=kernels,
-                           grad_reduce_fp32=s.framework in FRAMEWORK_FP32_GRAD_REDUCE,
-                           dropout=s.framework in FRAMEWORK_DROPOUT,
-                           flash_attention_version=1
-                           if s.framework in FRAMEWORK_FLASH_ATTENTION_V1 else 2)
+        s.training = make_spec(TrainingSpec, "training", global_batch_size=s.gbs, seq_len=seq,
+                               precision=precision, flash_attention=conv.flash_attention,
+                               kernels=kernels,
+                               grad_reduce_fp32=s.framework in FRAMEWORK_FP32_GRAD_REDUCE,
+                               dropout=s.framework in FRAMEWORK_DROPOUT,
+                               flash_attention_version=1
+                               if s.framework in FRAMEWORK_FLASH_ATTENTION_V1 else 2)
         reasons = check_plan(s.model, s.cluster, s.training, s.plan)
         if reasons:
-            raise _Skip("plan is illegal: " + "; ".join(reasons))
-    except (_Skip, SpecError) as exc:
+            raise SkipRow("plan is illegal: " + "; ".join(reasons))
+    except (SkipRow, SpecError) as exc:
         s.skip = str(exc)
     return s
-

@@ -1,5 +1,5 @@
 """``paraplan export PLAN --to FORMAT`` and the trainer-config writing shared with
-``paraplan best --export`` (registered on ``paraplan.cli.app``)."""
+``paraplan best --export``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from paraplan.cli.inputs import read_json_file, read_plan, read_training, unwrap_plan_json
+from paraplan.export import FORMATS
 from paraplan.specs import SpecError
 
 
@@ -43,62 +45,52 @@ def write_export(fmt: str, ctx: Any, out: str | None, *, report: dict[str, Any] 
     return text
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``paraplan export`` to ``app``."""
-    from paraplan.export import FORMATS
+def export_cmd(
+    plan: Annotated[str, typer.Argument(
+        help="A plan JSON (best --export json / export --to json: self-contained), or an "
+             "inline plan / plan file / simulate report / best result with --model, "
+             "--cluster, --global-batch and --seq-len.")],
+    to: Annotated[str, typer.Option("--to", "-t", help="megatron, torchtitan, deepspeed, "
+                                    "nanotron or json.")],
+    out: Annotated[str | None, typer.Option(
+        "--out", "-o", help="File to write (atomically; a plan JSON is written beside "
+                            "it). Default: print to stdout.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n")] = None,
+    global_batch: Annotated[int | None, typer.Option("--global-batch", "-b")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", "-s")] = None,
+    precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
+) -> None:
+    """Write a plan as a trainer's configuration, after checking that trainer's rules:
+    Megatron-LM flags (core_v0.15), torchtitan TOML (v0.2.2), DeepSpeed JSON, nanotron
+    YAML, or the paraplan plan JSON with every derived quantity.
 
-    @app.command("export")
-    def export_cmd(
-        plan: Annotated[str, typer.Argument(
-            help="A plan JSON (best --export json / export --to json: self-contained), or an "
-                 "inline plan / plan file / simulate report / best result with --model, "
-                 "--cluster, --global-batch and --seq-len.")],
-        to: Annotated[str, typer.Option("--to", "-t", help="megatron, torchtitan, deepspeed, "
-                                        "nanotron or json.")],
-        out: Annotated[str | None, typer.Option(
-            "--out", "-o", help="File to write (atomically; a plan JSON is written beside "
-                                "it). Default: print to stdout.")] = None,
-        model: Annotated[str | None, typer.Option("--model", "-m")] = None,
-        cluster: Annotated[str | None, typer.Option("--cluster", "-c")] = None,
-        nodes: Annotated[int | None, typer.Option("--nodes", "-n")] = None,
-        global_batch: Annotated[int | None, typer.Option("--global-batch", "-b")] = None,
-        seq_len: Annotated[int | None, typer.Option("--seq-len", "-s")] = None,
-        precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
-    ) -> None:
-        """Write a plan as a trainer's configuration, after checking that trainer's rules:
-        Megatron-LM flags (core_v0.15), torchtitan TOML (v0.2.2), DeepSpeed JSON, nanotron
-        YAML, or the paraplan plan JSON with every derived quantity.
-
-        Example: paraplan export tp=8,pp=4,vpp=5,sp=1,rc=selective,mbs=1 --to megatron
-        --model llama3-70b --cluster dgx-h100 --nodes 32 --global-batch 1024 --seq-len 8192
-        """
-        if to not in FORMATS:
-            raise SpecError(f"--to {to!r} is not an export format", field="--to", value=to,
-                            allowed=list(FORMATS))
-        ctx, report = _context(plan, model, cluster, nodes, global_batch, seq_len, precision)
-        text = write_export(to, ctx, out, report=report)
-        if out is None:
-            sys.stdout.write(text)
+    Example: paraplan export tp=8,pp=4,vpp=5,sp=1,rc=selective,mbs=1 --to megatron
+    --model llama3-70b --cluster dgx-h100 --nodes 32 --global-batch 1024 --seq-len 8192
+    """
+    if to not in FORMATS:
+        raise SpecError(f"--to {to!r} is not an export format", field="--to", value=to,
+                        allowed=list(FORMATS))
+    ctx, report = _context(plan, model, cluster, nodes, global_batch, seq_len, precision)
+    text = write_export(to, ctx, out, report=report)
+    if out is None:
+        sys.stdout.write(text)
 
 
 def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int | None,
              global_batch: int | None, seq_len: int | None, precision: str
              ) -> tuple[Any, dict[str, Any] | None]:
     """The ExportContext (and the simulator's report when the cluster is known) for PLAN."""
-    from pydantic import ValidationError
-
-    from paraplan.cli import _read_json_file, _read_plan, _unwrap_plan_json
     from paraplan.export import export_context, is_plan_document, read_plan_document
     from paraplan.simulator.step import simulate
-    from paraplan.specs.errors import from_validation_error
     from paraplan.specs.loaders import _as_path, load_cluster, load_model
     from paraplan.specs.plan import parse_plan
-    from paraplan.specs.training import TrainingSpec
 
     data: Any = None  # the JSON file's content, read once
     path = _as_path(plan_text) if "=" not in plan_text else None
     if path is not None and path.is_file() and path.suffix.lower() == ".json":
-        data = _read_json_file(path, "PLAN")
+        data = read_json_file(path, "PLAN")
         if is_plan_document(data):
             given = [name for name, v in (("--model", model), ("--cluster", cluster),
                                           ("--nodes", nodes), ("--global-batch", global_batch),
@@ -116,15 +108,11 @@ def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int 
         raise SpecError(f"exporting {plan_text!r} needs {', '.join(missing)} (or give a plan "
                         "JSON written by paraplan, which carries them)", field=missing[0],
                         value=None)
-    spec_plan = (_read_plan(plan_text, field="PLAN") if data is None
-                 else parse_plan(_unwrap_plan_json(data, plan_text, "PLAN")))
+    spec_plan = (read_plan(plan_text, field="PLAN") if data is None
+                 else parse_plan(unwrap_plan_json(data, plan_text, "PLAN")))
     spec_model = load_model(model)  # type: ignore[arg-type]
     spec_cluster = load_cluster(cluster, nodes=nodes)  # type: ignore[arg-type]
-    try:
-        training = TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
-                                precision=precision)
-    except ValidationError as exc:
-        raise from_validation_error(exc, "training") from None
+    training = read_training(global_batch, seq_len, precision)
     ctx = export_context(spec_model, training, spec_plan, cluster=spec_cluster)
     report = simulate(spec_model, spec_cluster, training, spec_plan).to_dict()
     return ctx, report

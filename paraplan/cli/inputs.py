@@ -1,0 +1,82 @@
+"""Reading what a user types: plans (inline, files, plan JSON, reports, search results), the
+training arguments, and output paths checked before any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from paraplan.specs import SpecError
+
+
+def read_plan(text: str, field: str = "--plan"):
+    """A plan from inline text (tp=8,pp=4,...), a JSON object, or a JSON/YAML file path. A JSON
+    file may also be a paraplan plan JSON (``best --export json``, ``export --to json``), a
+    ``simulate`` report or a ``best`` result (its first feasible plan)."""
+    from paraplan.specs.loaders import _as_path, read_yaml
+    from paraplan.specs.plan import parse_plan
+
+    looks_like_file = "=" not in text and not text.strip().startswith("{")
+    path = _as_path(text) if looks_like_file else None
+    if looks_like_file and path is None and text.lower().endswith((".json", ".yaml", ".yml")):
+        raise SpecError(f"plan file {text!r} not found (give a path to a plan JSON/YAML, or an "
+                        "inline plan such as tp=8,pp=4,mbs=1)", field=field, value=text)
+    if path is not None and path.is_file():
+        if path.suffix.lower() == ".json":
+            return parse_plan(unwrap_plan_json(read_json_file(path, field), text, field))
+        return parse_plan(read_yaml(path, "plan"))
+    return parse_plan(text)
+
+
+def read_json_file(path: Path, field: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"cannot read JSON {str(path)!r}: {exc}", field=field,
+                        value=str(path)) from None
+
+
+def unwrap_plan_json(data: Any, text: str, field: str) -> Any:
+    """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``)."""
+    from paraplan.export.plan_json import is_plan_document
+
+    if not isinstance(data, dict):
+        return data
+    if is_plan_document(data) and isinstance(data.get("plan"), dict):
+        return data["plan"]
+    if isinstance(data.get("plans"), list):
+        feasible = [p for p in data["plans"] if isinstance(p, dict) and p.get("feasible", True)]
+        if not feasible or not isinstance(feasible[0].get("plan"), dict):
+            raise SpecError(f"{text!r} lists no feasible plan", field=field, value=text)
+        return feasible[0]["plan"]
+    if "feasible" in data and isinstance(data.get("plan"), dict):
+        return data["plan"]
+    return data
+
+
+def read_training(global_batch: int | None, seq_len: int | None, precision: str,
+                  flash_attention: bool = True) -> Any:
+    """The TrainingSpec of --global-batch, --seq-len, --precision (and --no-flash-attention);
+    a bad value is a SpecError naming the field."""
+    from pydantic import ValidationError
+
+    from paraplan.specs.errors import from_validation_error
+    from paraplan.specs.training import TrainingSpec
+
+    try:
+        return TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
+                            precision=precision, flash_attention=flash_attention)
+    except ValidationError as exc:
+        raise from_validation_error(exc, "training") from None
+
+
+def check_output_paths(*, plot: str | None = None, trace: str | None = None) -> None:
+    """Reject a bad --plot (not .png/.svg/.pdf) or --trace (not .json) before any work."""
+    if plot is not None:
+        from paraplan.viz.timeline import check_figure_path
+
+        check_figure_path(plot, "--plot")
+    if trace is not None and (Path(trace).suffix.lower() != ".json" or Path(trace).is_dir()):
+        raise SpecError(f"--trace={trace!r} must be a file name ending in .json", field="--trace",
+                        value=trace, allowed=[".json"])

@@ -1,0 +1,125 @@
+"""``paraplan validate-published`` (every published run predicted: per row, per source and
+overall MAPE) and ``paraplan validate-dtfm`` (the DT-FM scheduling reproduction)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from paraplan.cli.common import Format, FormatOpt, console, emit_json
+from paraplan.specs import SpecError
+
+
+def validate_dtfm_cmd(
+    scenario: Annotated[list[str] | None, typer.Option(
+        "--scenario", help="datacenter, spot, multi-university, regional or worldwide "
+        "(repeat; default: all five).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """DT-FM reproduction: GPT-3 XL on the five dtfm-* scenarios, topology-aware scheduling vs
+    random placement, next to the speedups DT-FM measured.
+
+    Example: paraplan validate-dtfm --scenario worldwide
+    """
+    from paraplan.validate.dtfm import dtfm_reference, reproduce
+
+    known = [r["scenario"] for r in dtfm_reference()]
+    for name in scenario or []:
+        if name not in known:
+            raise SpecError(f"--scenario {name!r} is not a DT-FM scenario; use one of "
+                            f"{', '.join(known)}", field="--scenario", value=name,
+                            allowed=known)
+    err = Console(stderr=True)
+    data = reproduce(scenario or None, seed=seed,
+                     progress=(lambda m: err.print(f"[dim]{m}[/]")) if fmt is not Format.json
+                     else None)
+    if fmt is Format.json:
+        emit_json(data)
+        return
+    table = Table(title="GPT-3 XL (24 layers, seq 2048, batch 1024, fp16), 64 V100: "
+                  "scheduled vs random placement", title_justify="left")
+    for col in ("scenario", "plan", "scheduled s", "random s", "rank order s", "speedup",
+                "DT-FM speedup", "DT-FM scheduled s", "error %"):
+        table.add_column(col, justify="left" if col in ("scenario", "plan") else "right")
+    for r in data["rows"]:
+        if r.get("plan") is None:
+            table.add_row(r["scenario"], "no plan fits", *["-"] * 7)
+            continue
+        table.add_row(r["scenario"], r["plan"], f"{r['scheduled_s']:.2f}",
+                      f"{r['random_s']:.2f}", f"{r['rank_order_s']:.2f}",
+                      f"{r['speedup_vs_random']:.2f}x", f"{r['dtfm_speedup']:.2f}x",
+                      f"{r['dtfm_with_scheduler_s']:.2f}", f"{r['scheduled_error_pct']:+.1f}")
+    console().print(table)
+
+
+def validate_published_cmd(
+    csv_path: Annotated[str | None, typer.Argument(
+        help="Published-runs CSV (throughput or memory format), or a bundled set: "
+             "throughput (default), memory, holdout.")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Predict every published run in CSV and report the error (per row, per source, MAPE).
+
+    Example: paraplan validate-published shared/validation/published_throughput.csv
+    """
+    from paraplan.specs.loaders import _as_path
+    from paraplan.validate.predict import run_memory, run_published
+    from paraplan.validate.published import DATA_DIR
+
+    bundled = {"throughput": DATA_DIR / "published_throughput.csv",
+               "memory": DATA_DIR / "published_memory.csv",
+               "holdout": DATA_DIR / "holdout" / "holdout_throughput.csv"}
+    if csv_path in bundled:
+        csv_path = str(bundled[csv_path])
+    is_memory = False
+    if csv_path is not None:
+        path = _as_path(csv_path)
+        if path is None or not path.is_file():
+            raise SpecError(f"CSV file {csv_path!r} not found", field="CSV", value=csv_path)
+        try:
+            header = path.read_text(encoding="utf-8").split("\n", 1)[0]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"cannot read CSV {csv_path!r}: {exc}", field="CSV") from None
+        if "memory_scope" in header:
+            is_memory = True
+        elif "measured_metric" not in header:
+            raise SpecError(f"CSV {csv_path!r} is neither the throughput format (needs column "
+                            "measured_metric) nor the memory format (memory_scope); see "
+                            "shared/validation/README.md", field="CSV", value=csv_path)
+    result = run_memory(csv_path) if is_memory else run_published(csv_path)
+    if fmt is Format.json:
+        emit_json(result)
+        return
+    _print_validation(console(), result)
+
+
+def _print_validation(out: Console, result: dict[str, Any]) -> None:
+    table = Table(title="error vs published runs (MAPE on step time; memory rows on GiB)",
+                  title_justify="left")
+    for col in ("source", "rows", "predicted", "MAPE %", "MAPE % (plan certain)", "worst row"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for src, info in result["by_source"].items():
+        worst = info.get("worst_row")
+        table.add_row(
+            src, str(info.get("n_rows", "")), str(info["n"]),
+            "-" if info["mape_pct"] is None else f"{info['mape_pct']:.1f}",
+            "-" if info.get("mape_pct_certain") is None else f"{info['mape_pct_certain']:.1f}",
+            "-" if not worst else f"#{worst['index']} {worst['model']} {worst['error_pct']:+.1f}%",
+        )
+    overall = result["mape_pct"]
+    table.add_row("[bold]all[/]", str(result["n_rows"]), str(result["n_predicted"]),
+                  "-" if overall is None else f"[bold]{overall:.1f}[/]",
+                  "-" if result.get("mape_pct_certain") is None
+                  else f"{result['mape_pct_certain']:.1f}",
+                  f"coverage {result.get('coverage_pct', 0):.0f}%")
+    out.print(table)
+    skipped = [r for r in result["rows"] if r["status"] != "ok"]
+    if skipped:
+        out.print(f"{len(skipped)} rows not predicted:")
+        for r in skipped[:20]:
+            out.print(f"  #{r['index']} {r['source_id']} {r['model']}: {r['status']}: "
+                      f"{r['reason']}")

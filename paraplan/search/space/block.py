@@ -1,0 +1,324 @@
+"""One block of plans (same pp and virtual stages) evaluated as arrays: per-layer costs,
+collectives, pipeline span, DP sync, memory per stage."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from paraplan.search.space.build import PlanSpace
+from paraplan.simulator.collectives import collective_lines
+from paraplan.simulator.compute import Device
+from paraplan.simulator.memory import (
+    ALLOCATOR_FRAGMENTATION,
+    CUDA_CONTEXT_BYTES,
+    DDP_BUCKET_ELEMENTS,
+    NCCL_BUFFER_BYTES,
+    GiB,
+    moe_layers_in,
+)
+from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
+from paraplan.simulator.step import even_split
+
+
+def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Unique rows of stacked non-negative integer columns and each row's index into them."""
+    code = np.zeros(cols[0].shape[0], dtype=np.int64)
+    for col in cols:  # mixed-radix code of the row (fits int64 for plan-sized values)
+        code = code * (int(col.max()) + 1) + col
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    return np.stack(cols, axis=1)[first], inv.reshape(-1)
+
+
+def group_lines(topo, group: tuple[int, ...], kind: str) -> np.ndarray:
+    """(3, 2) array of (alpha, beta) lines, padded with (inf, 0); (0, 0) for a group of one."""
+    out = np.zeros((3, 2))
+    out[:, 0] = np.inf
+    lines = collective_lines(topo, group, kind) if len(group) > 1 else [(0.0, 0.0)]
+    for i, (a, b) in enumerate(lines):
+        out[i] = (a, b)
+    return out
+
+
+def _chunked(lines: np.ndarray, nbytes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """``chunks`` equal collectives moving ``nbytes`` in all: min over lines (per plan)."""
+    chunks = np.maximum(1.0, chunks)
+    with np.errstate(invalid="ignore"):
+        t = np.min(chunks[:, None] * lines[:, :, 0] + lines[:, :, 1] * nbytes[:, None], axis=1)
+    return np.where(nbytes > 0, t, 0.0)
+
+
+@dataclass
+class Context:
+    """Per-search constants and per-key tables shared by the blocks of ``evaluate_space``."""
+
+    dev: Device
+    cb: float
+    grad_bytes: np.ndarray
+    """Gradient bytes per element on the wire, per plan."""
+    slow: float
+    opt_coef: float
+    overlap: bool
+    interval: float
+    capacity_bytes: float
+    exact_interleaved: bool
+    inv: np.ndarray
+    lc: np.ndarray
+    acts: np.ndarray
+    head: np.ndarray
+    ginv: np.ndarray
+    ar: np.ndarray
+    ag: np.ndarray
+    rs: np.ndarray
+    einv: np.ndarray
+    ear: np.ndarray
+    eag: np.ndarray
+    ers: np.ndarray
+    edp: np.ndarray
+    t_p2p: np.ndarray
+    kind_eff: tuple[float, float] = (1.0, 1.0)
+    """Library speed on reduce-scatter and all-gather (``ClusterSpec.collective_efficiency``)."""
+
+
+def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
+                   out_step: np.ndarray, out_peak: np.ndarray, out_worst: np.ndarray,
+                   times: dict[str, np.ndarray], exact: np.ndarray, times_for_oom: bool,
+                   ) -> None:
+    """Evaluate the plans ``idx`` that share pp = ``p`` and vpp = ``v`` (in place)."""
+    model, training, c = space.model, space.training, space.cols
+    L = model.num_layers
+    cb = ctx.cb
+    chunks = even_split(L, p * v)
+    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    all_layers = [sum(chunks[ch * p + r] for ch in range(v)) for r in range(p)]
+    all_moe = [sum(moe_layers_in(model, int(starts[ch * p + r]), chunks[ch * p + r])
+                   for ch in range(v)) if model.is_moe else 0 for r in range(p)]
+    # Stages with the same (layers, MoE layers, first, last) differ only in in-flight
+    # micro-batches, which never grow with the stage index; so each class's first stage is
+    # the one that can be the slowest or fullest, and sums over stages need only class counts.
+    firsts: dict[tuple, int] = {}
+    counts: Counter = Counter()
+    for r in range(p):
+        key = (all_layers[r], all_moe[r], r == 0, r == p - 1)
+        firsts.setdefault(key, r)
+        counts[key] += 1
+    rr = np.array(sorted(firsts.values()))
+    cnt = np.array([counts[(all_layers[r], all_moe[r], r == 0, r == p - 1)] for r in rr],
+                   dtype=float)
+    layers = np.array([all_layers[r] for r in rr], dtype=float)
+    nmoe = np.array([all_moe[r] for r in rr], dtype=float)
+    ndense = layers - nmoe
+    first = (rr == 0).astype(float)
+    last = (rr == p - 1).astype(float)
+    k = len(rr)
+
+    # ---- memory per stage (all plans of the block) ------------------------------------------
+    t = c["tp"][idx].astype(float)
+    ep, etp = c["ep"][idx], c["etp"][idx]
+    dp, cp = c["dp"][idx], c["cp"][idx]
+    z = c["zero"][idx]
+    sched = c["sched"][idx]
+    mi = c["m"][idx]
+    m = mi.astype(float)
+    e_dp = ctx.edp[idx]
+    shared = model.moe_layer_shared_params if model.is_moe else 0.0
+    head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
+                                          if model.tie_word_embeddings and p > 1 else 0)
+    dense_r = (ndense * model.dense_layer_params + nmoe * shared
+               + first * model.embedding_params + last * head_params)[None, :] / t[:, None]
+    if model.is_moe:
+        exp_r = (nmoe * model.num_experts * model.expert_params)[None, :] \
+            / (ep * etp).astype(float)[:, None]
+    else:
+        exp_r = np.zeros((len(idx), k))
+    ddp = (dp * cp).astype(float)[:, None]
+    edp2 = e_dp.astype(float)[:, None]
+    zz = z[:, None]
+    w_d = np.where(zz >= 3, dense_r / ddp, dense_r)
+    g_d = np.where(zz >= 2, dense_r / ddp, dense_r)
+    o_d = np.where(zz >= 1, dense_r / ddp, dense_r)
+    if model.is_moe:
+        w_d = w_d + np.where(zz >= 3, exp_r / edp2, exp_r)
+        g_d = g_d + np.where(zz >= 2, exp_r / edp2, exp_r)
+        o_d = o_d + np.where(zz >= 1, exp_r / edp2, exp_r)
+    weights, grads = w_d * cb, g_d * cb
+    optim = o_d * training.optimizer_state_bytes_per_param
+    mbs = c["mbs"][idx].astype(float)
+    s_local = training.seq_len / cp.astype(float)
+    per_logit = 14.0 if training.kernels == "eager" else 6.0
+    a = ctx.acts[ctx.inv[idx]]
+    act_static = np.where(layers[None, :] > 0, a[:, 2, None], 0.0) \
+        + last[None, :] * (per_logit * s_local * mbs * model.vocab_size / t)[:, None] \
+        + first[None, :] * (2.0 * s_local * mbs * model.hidden_size)[:, None]
+    if model.is_moe:
+        layer_params = np.maximum(model.dense_layer_params,
+                                  model.moe_layer_params / np.maximum(1, ep))
+    else:
+        layer_params = float(model.dense_layer_params)
+    other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES \
+        + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)[:, None] \
+        + np.where((dp > 1) & (z < 3), 1.0, 0.0)[:, None] \
+        * np.minimum(dense_r + exp_r, DDP_BUCKET_ELEMENTS) * 4.0
+    infl = _inflight(sched, p, mi, v, rr)
+    act = (ndense[None, :] * a[:, 0, None] + nmoe[None, :] * a[:, 1, None]) * infl + act_static
+    tensors = weights + grads + optim + act
+    peak = weights + grads + optim + act + (other + ALLOCATOR_FRAGMENTATION * tensors)
+    worst = np.argmax(peak, axis=1)
+    rows = np.arange(len(idx))
+    peak_w = peak[rows, worst]
+    out_peak[idx] = peak_w / GiB
+    out_worst[idx] = rr[worst]
+
+    # ---- time, for the plans that fit ----------------------------------------------------
+    keep = np.ones(len(idx), dtype=bool) if times_for_oom else peak_w / GiB <= \
+        ctx.capacity_bytes / GiB
+    if not keep.any():
+        return
+    sel = np.nonzero(keep)[0]
+    idx = idx[sel]
+    rows = np.arange(len(idx))
+    t, dp, cp, z, sched, mi, m, e_dp = (x[sel] for x in (t, dp, cp, z, sched, mi, m, e_dp))
+    dense_r, exp_r = dense_r[sel], exp_r[sel]
+    key = ctx.inv[idx]
+    ld, lm, hh = ctx.lc[key, 0], ctx.lc[key, 1], ctx.head[key]
+
+    def stage(col: int) -> np.ndarray:
+        return ndense[None, :] * ld[:, col, None] + nmoe[None, :] * lm[:, col, None]
+
+    f = stage(0) + last[None, :] * hh[:, 0, None]
+    b = stage(1) + last[None, :] * hh[:, 1, None]
+    w = stage(2)
+    fb = f + b
+    crit = np.argmax(fb, axis=1)
+    mean_f, mean_b, mean_w = f @ cnt / p, b @ cnt / p, w @ cnt / p
+    cc = ctx.t_p2p[idx] if p > 1 else np.zeros(len(idx))
+    total, base, odd = _pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
+                                      ctx.exact_interleaved)
+    fb_c = fb[rows, crit]
+    span = total + m * (fb_c - mean_f - mean_b)
+    pp_comm = total - base
+    bubble = np.maximum(0.0, span - m * fb_c - pp_comm)
+
+    dense0, exp0 = dense_r[rows, crit], exp_r[rows, crit]
+    units = np.maximum(1.0, layers[crit])
+    need = (cp * dp > 1) | (e_dp > 1)
+    z3 = z == 3
+    g = ctx.ginv[idx]
+    gb = ctx.grad_bytes[idx]
+    gather = _chunked(ctx.ag[g], dense0 * cb, units)
+    scatter = _chunked(ctx.rs[g], dense0 * gb, units)
+    # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params, each half
+    # an all-reduce on its volume over the library's speed on that kind (step.py).
+    z12 = (z == 1) | (z == 2)
+    eff_rs, eff_ag = ctx.kind_eff
+
+    def _reduce(ar_l: np.ndarray, count: np.ndarray) -> np.ndarray:
+        buckets = count / DDP_BUCKET_ELEMENTS
+        grads = _chunked(ar_l, count * gb, buckets)
+        return np.where(z12, 0.5 * grads / eff_rs
+                        + 0.5 * _chunked(ar_l, count * cb, buckets) / eff_ag, grads)
+
+    sync = _reduce(ctx.ar[g], dense0)
+    if model.is_moe:
+        e = ctx.einv[idx]
+        has = exp0 != 0
+        gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
+        scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
+        sync = sync + np.where(has, _reduce(ctx.ear[e], exp0), 0.0)
+    per_mb = 2 * gather + scatter
+    z3_exp = m * (np.maximum(0.0, per_mb - fb_c) + np.minimum(per_mb, fb_c) * ctx.slow) \
+        + gather / units
+    if ctx.overlap:
+        window = b[:, 0]
+        buckets = np.maximum(1.0, (dense0 + exp0) / DDP_BUCKET_ELEMENTS)
+        dpt = np.maximum(sync - window, sync / buckets) + np.minimum(sync, window) * ctx.slow
+    else:
+        dpt = sync
+    dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
+    zero3 = np.where(need & z3, z3_exp, 0.0)
+    shard = np.where(z >= 1, (dp * cp).astype(float), 1.0)
+    eshard = np.where(z >= 1, e_dp.astype(float), 1.0)
+    opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
+
+    out_step[idx] = span + dp_time + zero3 + opt
+    comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
+    tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
+    cp_c = m * stage(5)[rows, crit]
+    ep_c = m * stage(6)[rows, crit]
+    times["compute"][idx] = m * comp[rows, crit]
+    times["tp_comm"][idx] = tp_c
+    times["cp_comm"][idx] = cp_c
+    times["ep_comm"][idx] = ep_c
+    times["pp_comm"][idx] = pp_comm
+    times["dp_comm"][idx] = dp_time + zero3
+    times["bubble"][idx] = bubble
+    times["optimizer"][idx] = opt
+    times["exposed_comm"][idx] = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3
+    exact[idx] &= (c["uneven"][idx] == 0) & ~odd
+
+
+def _inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
+              stages: np.ndarray) -> np.ndarray:
+    """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``."""
+    r = stages[None, :]
+    mm = m[:, None].astype(float)
+    out = np.minimum(p - r, mm)  # 1f1b
+    gp = sched == SCHEDULES.index("gpipe")
+    zb = sched == SCHEDULES.index("zb-h1")
+    il = (sched == SCHEDULES.index("interleaved")) & (v > 1)
+    out = np.where(gp[:, None], mm, out)
+    out = np.where(zb[:, None], np.minimum(p, mm), out)
+    if il.any():
+        um, minv = np.unique(m, return_inverse=True)
+        g = np.array([_group_size(p, int(x)) for x in um], dtype=float)[minv.reshape(-1), None]
+        inter = np.minimum(2 * (p - r - 1) + (v - 1) * g + 1, mm * v) / v
+        out = np.where(il[:, None], inter, out)
+    return out
+
+
+def _pipeline_span(sched: np.ndarray, p: int, m: np.ndarray, v: int, tf: np.ndarray,
+                   tb: np.ndarray, tw: np.ndarray, c: np.ndarray, exact: bool,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pipeline.pipeline_time`` total with and without transfers, for every plan.
+
+    Interleaved with m >= p and m % p != 0 has no closed form; with ``exact`` those plans run
+    the scalar ``pipeline_time`` (event simulation on equal stages), cached on identical
+    inputs; without, they keep the m % p == 0 form (n = m v + p - 1 chunk slots), a lower
+    bound on both totals (checked against the event simulation in the tests). Returns
+    (total, total without transfers, mask of plans given the bound).
+    """
+    mf = m.astype(float)
+    if p == 1:
+        c = np.zeros_like(c)
+
+    def span(cc: np.ndarray) -> np.ndarray:
+        n1 = mf + p - 1
+        out = n1 * (tf + tb) + 2 * n1 * cc  # gpipe, 1f1b
+        f, bb, w = tf + cc, tb - tw + cc, tw
+        zb = np.maximum(np.maximum(np.maximum(mf, p) * f + n1 * bb + mf * w,
+                                   n1 * f + mf * bb + mf * w),
+                        n1 * (f + bb) + np.maximum(1.0, mf - p + 1) * w)
+        out = np.where(sched == SCHEDULES.index("zb-h1"), zb, out)
+        if v > 1:
+            ni = np.where(mf >= p, mf * v + p - 1, mf + v * p - 1)
+            il = ni * (tf + tb) / v + 2 * ni * cc
+            out = np.where(sched == SCHEDULES.index("interleaved"), il, out)
+        return out
+
+    total = span(c)
+    base = np.where(c > 0, span(np.zeros_like(c)), total)
+    odd_mask = np.zeros(len(m), dtype=bool)
+    if v > 1:
+        odd_mask = (sched == SCHEDULES.index("interleaved")) & (m >= p) & (m % p != 0)
+    if exact:
+        cache: dict[tuple, tuple[float, float]] = {}
+        for j in np.nonzero(odd_mask)[0]:
+            key = (int(m[j]), float(tf[j]), float(tb[j]), float(c[j]))
+            if key not in cache:
+                pt = pipeline_time("interleaved", p, key[0], key[1], key[2], v=v, t_p2p=key[3])
+                cache[key] = (pt.total_s, pt.total_s - pt.p2p_s)
+            total[j], base[j] = cache[key]
+        odd_mask[:] = False
+    return total, base, odd_mask

@@ -1,0 +1,205 @@
+"""``build_space``: every homogeneous plan of a (model, cluster, training) that passes the
+trainers' start-up rules, as integer columns; rejected plans counted by reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paraplan.search.space.fix import CONSTANT_FIELDS, RECOMPUTES
+from paraplan.simulator.pipeline import SCHEDULES
+from paraplan.simulator.step import even_split
+from paraplan.specs.checks import divisors
+from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.errors import SpecError
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+# Why build_space rejects a plan (the keys of PlanSpace.rejected), in the order they are
+# tested: a plan is counted under the first it breaks.
+R_WORLD = "tp*pp*cp does not divide the GPU count"
+R_TP_NODE = "tp exceeds or does not divide the GPUs per node"
+R_HEADS = "tp does not divide the attention/KV heads or the FFN width"
+R_SEQ = "seq_len not divisible by 2*cp"
+R_LAYERS = "pp exceeds the layers, or pp*vpp does not divide them (interleaving)"
+R_EXPERTS = "ep*etp does not divide tp*cp*dp, ep the experts, or etp the expert width"
+R_BATCH = "global batch not divisible by micro_batch_size*dp"
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """Bounds of the enumerated space (a demanding user widens them with --fix)."""
+
+    max_cp: int = 32
+    """Largest context-parallel degree tried."""
+    max_micro_batch: int = 128
+    """Largest micro-batch size tried (divisors of the global batch up to this)."""
+    max_virtual_stages: int = 8
+    """Largest number of interleaved model chunks per pipeline rank tried."""
+    uneven_layers: bool = True
+    """Allow pp that does not divide the layers (near-even split, non-interleaved)."""
+
+
+@dataclass
+class PlanSpace:
+    """Legal plans as columns (one entry per plan) plus rejection counts.
+
+    Columns: tp, pp, dp, cp, ep, etp, sp (0/1), zero, mbs, sched (index into
+    ``pipeline.SCHEDULES``), v (virtual stages), rc (index into ``RECOMPUTES``), m (micro-batches
+    per step), uneven (1 when the layer split is uneven).
+    """
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    cols: dict[str, np.ndarray]
+    constants: dict[str, Any]
+    rejected: Counter = field(default_factory=Counter)
+    considered: int = 0
+    """Plans in the raw grid (legal + rejected by a rule)."""
+
+    def __len__(self) -> int:
+        return int(self.cols["tp"].shape[0])
+
+    def plan(self, i: int) -> ParallelPlan:
+        """The ParallelPlan of row ``i``."""
+        c = {k: int(v[i]) for k, v in self.cols.items()}
+        data: dict[str, Any] = {
+            "tp": c["tp"], "pp": c["pp"], "dp": c["dp"], "cp": c["cp"], "ep": c["ep"],
+            "etp": None if c["etp"] == c["tp"] else c["etp"],
+            "sequence_parallel": bool(c["sp"]), "zero_stage": c["zero"],
+            "micro_batch_size": c["mbs"], "schedule": SCHEDULES[c["sched"]],
+            "virtual_stages": c["v"], "recompute": RECOMPUTES[c["rc"]], **self.constants,
+        }
+        if c["uneven"]:
+            data["layers_per_stage"] = even_split(self.model.num_layers, c["pp"] * c["v"])
+        return ParallelPlan(**data)
+
+    def subset(self, mask: np.ndarray) -> PlanSpace:
+        """Rows where ``mask`` is true (rejection counts are kept)."""
+        return PlanSpace(self.model, self.cluster, self.training,
+                         {k: v[mask] for k, v in self.cols.items()}, self.constants,
+                         Counter(self.rejected), self.considered)
+
+
+def _allowed(fix: dict[str, Any], key: str, values: list[Any]) -> list[Any]:
+    if key in fix and fix[key] is not None:
+        return [v for v in values if v == fix[key]] or [fix[key]]
+    return values
+
+
+def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                fix: dict[str, Any] | None = None,
+                options: SpaceOptions | None = None) -> PlanSpace:
+    """Enumerate the legal plans of a homogeneous search (rules as in ``check_plan``)."""
+    fix = dict(fix or {})
+    opt = options or SpaceOptions()
+    n = cluster.num_gpus
+    L = model.num_layers
+    B = training.global_batch_size
+    gpn = min(g.gpus_per_node for g in cluster.node_groups)
+    cross = bool(fix.get("allow_cross_node_tp", False))
+    constants = {k: fix[k] for k in CONSTANT_FIELDS if k in fix}
+    rejected: Counter = Counter()
+
+    tps = _allowed(fix, "tp", divisors(n) if cross else divisors(gpn))
+    cps = _allowed(fix, "cp", [c for c in divisors(n) if c <= opt.max_cp])
+    pps = _allowed(fix, "pp", [p for p in divisors(n) if p <= L])
+    eps = _allowed(fix, "ep", divisors(model.num_experts) if model.is_moe else [1])
+    mbss = np.array(_allowed(fix, "micro_batch_size",
+                             [b for b in divisors(B) if b <= opt.max_micro_batch]), dtype=np.int64)
+    zeros = np.array(_allowed(fix, "zero_stage", [0, 1, 2, 3]), dtype=np.int64)
+    rcs = np.array([RECOMPUTES.index(r) for r in
+                    _allowed(fix, "recompute", list(RECOMPUTES))], dtype=np.int64)
+    if "recompute" in fix and fix["recompute"] not in RECOMPUTES:
+        raise SpecError(f"unknown recompute {fix['recompute']!r}", field="fix",
+                        value=fix["recompute"], allowed=list(RECOMPUTES))
+    heads, kv, ffn = model.num_attention_heads, model.kv_heads, model.ffn_hidden_size
+    for group in cluster.node_groups:
+        if training.precision not in group.gpu.peak_tflops:
+            raise SpecError(f"precision={training.precision} is not supported by "
+                            f"{group.gpu.name}", field="precision", value=training.precision,
+                            allowed=sorted(group.gpu.peak_tflops))
+
+    blocks: list[dict[str, np.ndarray]] = []
+    considered = 0
+    for t in tps:
+        sps = [0, 1] if t > 1 else [0]
+        sps = [s for s in sps if "sequence_parallel" not in fix
+               or s == int(bool(fix["sequence_parallel"]))]
+        etps = sorted({t, 1}) if model.is_moe else [t]
+        etps = _allowed(fix, "etp", etps) if fix.get("etp") is not None else etps
+        for cp in cps:
+            for p in pps:
+                sched_v: list[tuple[int, int]] = []
+                if p == 1:
+                    sched_v = [(SCHEDULES.index("1f1b"), 1)]
+                else:
+                    for s in ("gpipe", "1f1b", "zb-h1"):
+                        sched_v.append((SCHEDULES.index(s), 1))
+                    for v in range(2, opt.max_virtual_stages + 1):
+                        sched_v.append((SCHEDULES.index("interleaved"), v))
+                if "schedule" in fix:
+                    sched_v = [(s, v) for s, v in sched_v if SCHEDULES[s] == fix["schedule"]]
+                if "virtual_stages" in fix:
+                    sched_v = [(s, v) for s, v in sched_v if v == fix["virtual_stages"]]
+                for ep in eps:
+                    for etp in etps:
+                        inner = len(sps) * len(zeros) * len(mbss) * len(rcs)
+                        for s_idx, v in sched_v:
+                            count = inner
+                            considered += count
+                            mp = t * p * cp
+                            if n % mp:
+                                rejected[R_WORLD] += count
+                                continue
+                            dp = n // mp
+                            if "dp" in fix and fix["dp"] is not None and fix["dp"] != dp:
+                                considered -= count
+                                continue
+                            if not cross and (t > gpn or gpn % t):
+                                rejected[R_TP_NODE] += count
+                                continue
+                            if heads % t or kv % t or ffn % t:
+                                rejected[R_HEADS] += count
+                                continue
+                            if cp > 1 and training.seq_len % (2 * cp):
+                                rejected[R_SEQ] += count
+                                continue
+                            uneven = L % (p * v) != 0
+                            if p > L or (uneven and (v > 1 or not opt.uneven_layers)):
+                                rejected[R_LAYERS] += count
+                                continue
+                            if (not model.is_moe and (ep > 1 or etp != t)) or (model.is_moe and (
+                                    (t * cp * dp) % (ep * etp) or model.num_experts % ep
+                                    or model.expert_ffn % etp)):
+                                rejected[R_EXPERTS] += count
+                                continue
+                            ok_mbs = mbss[(B % (mbss * dp)) == 0]
+                            rejected[R_BATCH] += (len(mbss) - len(ok_mbs)) * (count // len(mbss))
+                            if not len(ok_mbs):
+                                continue
+                            g_sp, g_z, g_m, g_rc = np.meshgrid(
+                                np.array(sps, dtype=np.int64), zeros, ok_mbs, rcs,
+                                indexing="ij")
+                            k = g_sp.size
+                            blocks.append({
+                                "tp": np.full(k, t), "pp": np.full(k, p), "dp": np.full(k, dp),
+                                "cp": np.full(k, cp), "ep": np.full(k, ep),
+                                "etp": np.full(k, etp), "sp": g_sp.ravel(),
+                                "zero": g_z.ravel(), "mbs": g_m.ravel(),
+                                "sched": np.full(k, s_idx), "v": np.full(k, v),
+                                "rc": g_rc.ravel(), "m": B // (dp * g_m.ravel()),
+                                "uneven": np.full(k, int(uneven)),
+                            })
+    keys = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc", "m",
+            "uneven")
+    if blocks:
+        cols = {k: np.concatenate([b[k] for b in blocks]).astype(np.int64) for k in keys}
+    else:
+        cols = {k: np.zeros(0, dtype=np.int64) for k in keys}
+    return PlanSpace(model, cluster, training, cols, constants, rejected, considered)

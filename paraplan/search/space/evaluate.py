@@ -1,0 +1,191 @@
+"""``evaluate_space``: step time, memory and time breakdown of every plan of a space at once
+(``simulate()`` restated over numpy arrays), block by block."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from paraplan.search.space.block import Context, evaluate_block, group_lines, key_index
+from paraplan.search.space.build import PlanSpace
+from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
+from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
+from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
+from paraplan.simulator.compute import Device, optimizer_step_time
+from paraplan.simulator.memory import GiB, layer_activations
+from paraplan.simulator.step import LayerParts, compose_layer_cost, head_times, layer_parts
+from paraplan.specs.errors import SpecError
+from paraplan.specs.plan import ParallelPlan
+
+
+@dataclass
+class Evaluation:
+    """Per-plan results of ``evaluate_space`` (arrays aligned with the space's rows).
+
+    ``time`` holds the StepReport ``time_s`` breakdown keys; ``peak_gib`` the worst stage's
+    peak memory (GiB); ``exact`` is False where the pipeline span is the closed-form
+    approximation (uneven splits) rather than what ``simulate()`` returns.
+    """
+
+    step_time_s: np.ndarray
+    peak_gib: np.ndarray
+    worst_stage: np.ndarray
+    capacity_gib: float
+    time: dict[str, np.ndarray]
+    exact: np.ndarray
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return self.peak_gib <= self.capacity_gib
+
+
+def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None = None, *,
+                   exact_interleaved: bool = True, times_for_oom: bool = False,
+                   workers: int | None = None) -> Evaluation:
+    """Step time, peak memory and time breakdown of every plan (see module docstring).
+
+    Args:
+        progress: called with (plans done, plans in all) after each (pp, vpp) block.
+        exact_interleaved: interleaved plans with m % pp != 0 need the event simulation
+            (milliseconds each). False gives them the closed form of m % pp == 0, a lower
+            bound on their step time (marked ``exact=False``); searchers then simulate only
+            those whose bound could still reach the top.
+        times_for_oom: also time plans that do not fit in memory (else their step time is
+            NaN, as ``simulate`` returns no time for them).
+        workers: threads for the array work (default: the CPUs this process may use).
+    """
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+    model, cluster, training = space.model, space.cluster, space.training
+    if not cluster.is_homogeneous:
+        raise SpecError("the vectorized evaluator needs one GPU type; use --searcher ilp or "
+                        "evolutionary for a mixed cluster", field="cluster", value=cluster.name)
+    c = space.cols
+    n = len(space)
+    topo = cluster.topology
+    gpu = cluster.gpu
+    dev = Device.of(gpu, training.precision, training.kernels)
+    const = space.constants
+    overlap = bool(const.get("overlap_grad_reduce", True))
+    interval = float(const.get("dp_sync_interval", 1))
+    cb = float(training.compute_bytes)
+    # Gradient bytes per element on the wire (simulator.compression): PowerSGD's depends on
+    # the TP/expert-TP shard shapes, so one value per (tp, etp).
+    knobs = {k: const[k] for k in COMPRESSION_FIELDS if k in const}
+    utp, tinv = key_index([c["tp"], c["etp"]])
+    per_tp = np.array([effective_grad_bytes(model, training, ParallelPlan(
+        tp=int(t_), etp=int(e_) if int(e_) else None, **knobs)) for t_, e_ in utp])
+    grad_bytes = per_tp[tinv]
+    pp_fraction = pp_ratio(training, ParallelPlan(**knobs))
+    slow = dev.nccl_slowdown
+    opt_coef = optimizer_step_time(1.0, training, dev)
+    capacity = float(gpu.memory_GiB)
+
+    out_step = np.full(n, np.nan)
+    out_peak = np.zeros(n)
+    out_worst = np.zeros(n, dtype=np.int64)
+    exact = np.ones(n, dtype=bool)
+    tkeys = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
+             "optimizer", "exposed_comm")
+    times = {k: np.zeros(n) for k in tkeys}
+    if n == 0:
+        return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
+
+    # ---- per-layer quantities, once per (tp, cp, sp, mbs, rc, ep, etp) ---------------------
+    uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"]])
+    nk = len(uniq)
+    lc = np.zeros((nk, 2, 7))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep]
+    acts = np.zeros((nk, 3))  # dense, moe, working bytes
+    head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
+    parts: dict[tuple[int, ...], tuple[LayerParts, LayerParts, tuple[float, ...]]] = {}
+    for i, (t, cp, sp, mbs, rc, ep, etp) in enumerate(uniq):
+        plan = ParallelPlan(tp=int(t), cp=int(cp), sequence_parallel=bool(sp),
+                            micro_batch_size=int(mbs), recompute=RECOMPUTES[rc], ep=int(ep),
+                            etp=int(etp), **{k: v for k, v in const.items()
+                                             if k in ("tp_comm_overlap",)})
+        base = (int(t), int(cp), int(sp), int(mbs), int(ep), int(etp))
+        if base not in parts:  # everything but recompute
+            dp_ = layer_parts(model, topo, training, plan, dev, moe=False)
+            ht = head_times(model, topo, training, plan, dev)
+            parts[base] = (dp_, layer_parts(model, topo, training, plan, dev, moe=True)
+                           if model.is_moe else dp_, (ht.fwd, ht.bwd, ht.tp))
+        pd, pm, head[i] = parts[base]
+        for j, pt in enumerate((pd, pm)):
+            x = compose_layer_cost(pt, RECOMPUTES[rc])
+            lc[i, j] = (x.fwd, x.bwd, x.wgrad, x.compute, x.tp, x.cp, x.ep)
+        la = layer_activations(model, training, plan)
+        acts[i] = (la.dense, la.moe, la.working)
+
+    # ---- collective lines per group ---------------------------------------------------------
+    tp_, cp_, dp_, ep_, etp_ = c["tp"], c["cp"], c["dp"], c["ep"], c["etp"]
+    edp = np.maximum(1, dp_ * cp_ * tp_ // (ep_ * etp_))
+    ug, ginv = key_index([tp_, cp_ * dp_])
+    ar = np.zeros((len(ug), 3, 2))
+    ag = np.zeros((len(ug), 3, 2))
+    rs = np.zeros((len(ug), 3, 2))
+    for i, (t, k) in enumerate(ug):
+        group = tuple(int(t) * j for j in range(int(k)))
+        ar[i], ag[i], rs[i] = (group_lines(topo, group, kind) for kind in
+                               ("all_reduce", "all_gather", "reduce_scatter"))
+    ear = eag = ers = np.zeros((1, 3, 2))
+    einv = np.zeros(n, dtype=np.int64)
+    if model.is_moe:
+        ue, einv = key_index([etp_ * ep_, edp])
+        ear = np.zeros((len(ue), 3, 2))
+        eag = np.zeros((len(ue), 3, 2))
+        ers = np.zeros((len(ue), 3, 2))
+        for i, (stride, k) in enumerate(ue):
+            group = tuple(int(stride) * j for j in range(int(k)))
+            ear[i], eag[i], ers[i] = (group_lines(topo, group, kind) for kind in
+                                      ("all_reduce", "all_gather", "reduce_scatter"))
+    # Pipeline sends in rank order: the slowest stage boundary paces (simulate's rule,
+    # collectives.pipeline_p2p): the time is the max over the distinct (latency, bandwidth)
+    # lines of each (span, pp, tp).
+    span_ranks = dp_ * tp_ * cp_
+    uk, kinv = key_index([span_ranks, c["pp"], tp_])
+    per_key = [pipeline_p2p_lines(topo, int(span), int(p_), int(t_))
+               if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
+               for span, p_, t_ in uk]
+    p2p_lines = np.zeros((len(uk), max(1, *(len(x) for x in per_key)), 2))
+    p2p_lines[:, :, 1] = np.inf  # padding lines: 0 latency, infinite bandwidth
+    for i, lines in enumerate(per_key):
+        for j, line in enumerate(lines):
+            p2p_lines[i, j] = line
+    act_bytes = c["mbs"] * training.seq_len / cp_ * model.hidden_size * cb * pp_fraction
+    lines_of = p2p_lines[kinv.reshape(-1)]
+    t_p2p = np.where(c["pp"] > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
+                                         / lines_of[:, :, 1], axis=1), 0.0)
+
+    ctx = Context(dev=dev, cb=cb, grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
+                  overlap=overlap, interval=interval, capacity_bytes=capacity * GiB,
+                  exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
+                  ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
+                  edp=edp, t_p2p=t_p2p,
+                  kind_eff=(kind_efficiency(topo, "reduce_scatter"),
+                            kind_efficiency(topo, "all_gather")))
+    pv, pvinv = key_index([c["pp"], c["v"]])
+    order = np.argsort(pvinv, kind="stable")
+    bounds = np.searchsorted(pvinv[order], np.arange(len(pv) + 1))
+    blocks = [(int(p), int(v), order[bounds[g]:bounds[g + 1]]) for g, (p, v) in enumerate(pv)]
+    blocks.sort(key=lambda b: -len(b[2]))  # largest first balances the workers
+
+    def run(block: tuple[int, int, np.ndarray]) -> int:
+        p, v, idx = block
+        evaluate_block(space, p, v, idx, ctx, out_step, out_peak, out_worst, times, exact,
+                       times_for_oom)
+        return len(idx)
+
+    # numpy releases the GIL inside its array loops, so blocks (disjoint rows) evaluate in
+    # parallel threads; results are written to disjoint slices of the output arrays.
+    done = 0
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(blocks)))) as pool:
+        for count in pool.map(run, blocks):
+            done += count
+            if progress is not None:
+                progress(done, n)
+    return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)

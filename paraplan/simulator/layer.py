@@ -1,0 +1,183 @@
+"""Per-layer and LM-head costs on one GPU: compute, exposed TP/CP/EP communication, recomputation,
+and the TP collectives outside the layers (embedding, LM head, loss)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.simulator import collectives as coll
+from paraplan.simulator.compute import Device, LayerTimes, layer_times, lm_head_times
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.topology import Topology
+from paraplan.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one micro-batch, one rank: pass times incl. exposed communication (s).
+
+    fwd/bwd include exposed TP/CP/EP communication (bwd also recompute); wgrad is the weight-
+    gradient GEMM time (zb-h1's W pass); compute excludes communication; tp/cp/ep are the
+    exposed communication of forward + backward."""
+
+    fwd: float
+    bwd: float
+    wgrad: float
+    compute: float
+    tp: float
+    cp: float
+    ep: float
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """What a layer's cost is built from, independent of recompute (seconds)."""
+
+    times: LayerTimes
+    tp_s: float
+    """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h."""
+    cp_s: float
+    """Exposed ring-attention KV passing of one forward."""
+    ep_s: float
+    """Dispatch + combine all-to-all of one pass (MoE layers)."""
+
+
+def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
+                 ) -> tuple[int, ...]:
+    """The GPUs of a group of ranks counted from ``base_rank``: ``base_rank + r`` for each r,
+    mapped through ``plan.placement`` (rank r on GPU r when None)."""
+    ranks = tuple(base_rank + r for r in ranks)
+    return ranks if plan.placement is None else tuple(plan.placement[r] for r in ranks)
+
+
+def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+                device: Device, *, moe: bool, base_rank: int = 0) -> LayerParts:
+    """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
+
+    Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size,
+    tp_comm_overlap and placement. Groups are the TP/CP/EP groups that start at rank
+    ``base_rank`` (a multiple of tp*cp; 0 = the first groups in rank order, tp fastest), on the
+    GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
+    """
+    t, cp = plan.tp, plan.cp
+
+    def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return placed_group(plan, ranks, base_rank)
+
+    mb_tokens = plan.micro_batch_size * training.seq_len / cp
+    act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
+    lt = layer_times(model, training, plan, device, moe=moe)
+    tp_c = 0.0
+    if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
+        tp_group = on(tuple(range(t)))
+        if plan.sequence_parallel:
+            tp_c = (coll.group_collective(topo, tp_group, "all_gather", act_bytes)
+                    + coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes))
+        else:
+            tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
+        if plan.tp_comm_overlap:
+            # Async TP / userbuffers split the collective into chunks pipelined with the
+            # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
+            # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
+            cover = lt.gemm_fwd_s / 4
+            tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
+    cp_c = 0.0
+    if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
+        # Every rank sends to its ring neighbour at once, so each step runs at the ring's
+        # bottleneck edge (an inter-node hop once the CP group spans nodes).
+        kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
+        ring = topo.ring(on(tuple(t * i for i in range(cp))))
+        step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
+                        ring.latency_s)
+        cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
+    ep_c = 0.0
+    if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
+        a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
+        a2a *= plan.moe_capacity_factor or 1.0  # padded to capacity (None: dropless)
+        ep_group = on(tuple(plan.expert_tp * j for j in range(plan.ep)))
+        ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
+    return LayerParts(lt, tp_c, cp_c, ep_c)
+
+
+CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class HeadTimes:
+    """The embedding, LM head and loss of one micro-batch on one rank, charged to the last
+    pipeline stage (seconds)."""
+
+    fwd: float
+    """LM head + cross entropy forward, plus the exposed TP collectives below."""
+    bwd: float
+    """Their backward, plus its exposed TP collectives."""
+    tp: float
+    """The TP-collective part of ``fwd + bwd``."""
+
+
+def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+               device: Device, *, base_rank: int = 0) -> HeadTimes:
+    """``lm_head_times`` plus the TP collectives outside the transformer layers, per
+    micro-batch (the bytes ``volumes.comm_bytes`` counts; Megatron's layout):
+
+    - the vocab-parallel embedding leaves a TP region: forward all-reduce of ``b s h``
+      (SP: reduce-scatter; its backward all-gathers the shard);
+    - the LM head enters one: backward all-reduce of ``b s h`` (SP: forward all-gather,
+      backward reduce-scatter);
+    - the vocab-parallel cross entropy all-reduces ``CE_VALUES_PER_TOKEN`` fp32 values per
+      token in as many calls (max, sum of exponentials, target logit).
+
+    The embedding's collectives belong to the first stage; they are charged here with the
+    LM head's, on the last one (one collective per micro-batch, next to the 2L/p per layer
+    stage: a pipelined plan's first stage, which has no LM head, is rarely its slowest).
+    ``tp_comm_overlap`` does not hide them. Groups as ``layer_parts`` (``base_rank``)."""
+    head_f, head_b = lm_head_times(model, training, plan, device)
+    t = plan.tp
+    if t <= 1:
+        return HeadTimes(head_f, head_b, 0.0)
+    ranks = placed_group(plan, tuple(range(t)), base_rank)
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    act = tokens * model.hidden_size * training.compute_bytes
+    ce = CE_VALUES_PER_TOKEN * coll.group_collective(topo, ranks, "all_reduce",
+                                                     tokens * FP32_BYTES)
+    if plan.sequence_parallel:
+        gather = coll.group_collective(topo, ranks, "all_gather", act)
+        scatter = coll.group_collective(topo, ranks, "reduce_scatter", act)
+        tp_f, tp_b = scatter + gather + ce, gather + scatter
+    else:
+        reduce = coll.group_collective(topo, ranks, "all_reduce", act)
+        tp_f, tp_b = reduce + ce, reduce
+    return HeadTimes(head_f + tp_f, head_b + tp_b, tp_f + tp_b)
+
+
+def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
+    """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
+    lt, tp_c, cp_c, ep_c = parts.times, parts.tp_s, parts.cp_s, parts.ep_s
+    full = recompute == "full"
+    extra = {
+        "full": lt.forward_s,
+        "selective": lt.attention_fwd_s,
+        # op-level SAC re-runs every other matmul and every memory-bound op.
+        "op": 0.5 * lt.gemm_fwd_s + lt.elementwise_fwd_s,
+    }.get(recompute, 0.0)
+    # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
+    tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
+    cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
+    ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
+    return LayerCost(
+        fwd=lt.forward_s + tp_f + cp_f + ep_f,
+        bwd=lt.backward_s + extra + tp_b + cp_b + ep_b,
+        wgrad=lt.gemm_fwd_s,
+        compute=lt.forward_s + lt.backward_s + extra,
+        tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
+    )
+
+
+def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+               device: Device, *, moe: bool, base_rank: int = 0) -> LayerCost:
+    """One layer, one micro-batch, one rank: pass times incl. exposed TP/CP/EP communication
+    and recomputation (``layer_parts`` composed under ``plan.recompute``), seconds."""
+    return compose_layer_cost(layer_parts(model, topo, training, plan, device, moe=moe,
+                                          base_rank=base_rank), plan.recompute)

@@ -1,0 +1,55 @@
+"""Facts of the published sources that their CSV rows leave out (each cited): Megatron 2021 Table
+1's script settings, Korthikanti's batch sizes, default vocabularies, BLOOM's layer split and
+Jean Zay's Omni-Path links."""
+
+from __future__ import annotations
+
+import re
+
+# NVIDIA/Megatron-LM examples/sc21/run_table_1.sh: model -> (tp, pp, mbs, gbs, vpp, DDP impl);
+# vpp = layers / pp / --num-layers-per-virtual-pipeline-stage; every model uses
+# "--recompute-method uniform" (full recompute).
+SC21_TABLE_1: dict[str, tuple[int, int, int, int, int, str]] = {
+    "GPT-1.7B": (1, 1, 16, 512, 1, "torch"),
+    "GPT-3.6B": (2, 1, 16, 512, 1, "torch"),
+    "GPT-7.5B": (4, 1, 16, 512, 1, "torch"),
+    "GPT-18B": (8, 1, 8, 1024, 1, "torch"),
+    "GPT-39B": (8, 2, 4, 1536, 1, "local"),
+    "GPT-76B": (8, 4, 2, 1792, 3, "local"),
+    "GPT-145B": (8, 8, 2, 2304, 2, "local"),
+    "GPT-310B": (8, 16, 1, 2160, 2, "local"),
+    "GPT-530B": (8, 35, 1, 2520, 3, "local"),
+    "GPT-1T": (8, 64, 1, 3072, 1, "local"),
+}
+
+# Korthikanti Table 5 global batch per model (hidden size), for memory rows that omit it.
+KORTHIKANTI_GBS = {6144: 4, 12288: 64, 20480: 280, 25600: 512}
+
+# Vocabulary where a source's row leaves it empty.
+DEFAULT_VOCAB = {
+    "dtfm_yuan2022": (50257, "vocab 50257 (GPT-2 BPE used by Megatron GPT; not stated)"),
+    "korthikanti2022": (51200, "vocab 51200 (the Megatron GPT vocabulary of the throughput rows)"),
+    "megatron2021_narayanan": (51200, "vocab 51200 (Megatron README)"),
+    "megascale2024_megatron_baseline": (50257, "vocab 50257 (GPT-3 175B's BPE; MegaScale trains "
+                                                "the GPT-3 architecture)"),
+}
+
+# Doubt-column phrases that mean a plan field (or seq_len / batch / GPU count) was guessed.
+# Hardware-only or architecture-only notes ("interconnect not stated", "filled from the public
+# model config", "arch from mpt-*.yaml") do not make a row doubtful.
+PLAN_DOUBT = re.compile(
+    r"\bderived\b|\bassumed\b|\binferred\b|transcription|not in README|\bunknown\b|"
+    r"\(not read\)|seq_len (?:\d+ = |not stated)",
+    re.IGNORECASE,
+)
+
+# BLOOM tr11 README: --pp-partition-method 'type:transformer|embedding' gives
+# [embed | 5 blocks], 6 blocks x 10, [5 blocks | embed].
+BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
+
+OMNI_PATH_100G = {
+    "name": "omnipath-100g", "kind": "infiniband", "bandwidth_Gbps": 100, "latency_us": 20,
+    "efficiency": 0.9,
+    "notes": "Intel Omni-Path 100 Gb/s port (Jean Zay, BLOOM tr11: 4 OPA links per node); "
+             "latency and efficiency copied from the ib-hdr profile (ESTIMATE)",
+}
