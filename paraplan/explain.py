@@ -21,6 +21,7 @@ from paraplan.simulator.step import STEP_PARTS, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import TrainerSpec
 from paraplan.specs.training import TrainingSpec
 
 WORTH = 0.05  # parts below this share of the step are not discussed
@@ -146,8 +147,12 @@ def _describe(rep: dict[str, Any], model: ModelSpec, training: TrainingSpec,
 
 
 def explain(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-            plan: ParallelPlan, *, top: int = 5) -> dict[str, Any]:
+            plan: ParallelPlan, *, top: int = 5,
+            trainer: TrainerSpec | str | None = None) -> dict[str, Any]:
     """Explain ``plan``: findings, time shares and up to ``top`` better one-knob changes.
+
+    With a ``trainer`` the plan is priced as that trainer runs it, and only changes the
+    trainer can express are suggested (``simulate`` finds the others infeasible).
 
     Returns a JSON-ready dict: ``plan`` (short form), ``feasible``, ``reasons``,
     ``step_time_s``, ``mfu``, ``time_share`` (part -> fraction of the step), ``findings``
@@ -155,7 +160,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     ParallelPlan, loadable), ``step_time_s``, ``speedup`` =
     this plan's step time / theirs, ``memory_peak_gb``), best first.
     """
-    report = simulate(model, cluster, training, plan).to_dict()
+    report = simulate(model, cluster, training, plan, trainer=trainer).to_dict()
     out: dict[str, Any] = {"plan": plan.short(), "feasible": report["feasible"],
                            "reasons": report["reasons"], "step_time_s": report["step_time_s"],
                            "mfu": report["mfu"]}
@@ -168,7 +173,7 @@ def explain(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         out["findings"] = [f"infeasible: {r}" for r in report["reasons"]]
     better = []
     for change, alt in neighbours(plan, cluster.num_gpus):
-        rep = simulate(model, cluster, training, alt)
+        rep = simulate(model, cluster, training, alt, trainer=trainer)
         if not rep.feasible:
             continue
         if report["feasible"] and rep.step_time_s >= report["step_time_s"] * 0.999:

@@ -182,7 +182,8 @@ def test_best_model_that_cannot_fit_says_why() -> None:
 
 
 def test_best_auto_uses_evolutionary_on_a_wan_cluster_and_reports_the_baseline() -> None:
-    res = run("best", "--model", "gpt3-350m", "--cluster", "dtfm-multi-university",
+    res = run("best", "--model", "gpt3-350m", "--cluster", "dtfm-multi-university", "--trainer",
+              "generic",
               "--global-batch", "64", "--seq-len", "1024", "--precision", "fp16", "--top", "2",
               "--format", "json")
     assert res.returncode == 0, res.stderr

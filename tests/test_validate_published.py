@@ -179,7 +179,7 @@ def test_megatron2021_tflops_to_step_time(cases, rows):
     big = _case(cases, rows, 8, model_name="GPT-530B")
     assert (big.plan.virtual_stages, big.plan.schedule) == (3, "interleaved")
     assert big.dp_grad_overlap is False
-    assert case.framework == "megatron-2021" and not case.training.flash_attention
+    assert case.framework == "megatron-lm-2021" and not case.training.flash_attention
 
 
 def test_korthikanti_step_time_as_published_and_mfu_needs_batch(cases, rows):
@@ -240,7 +240,7 @@ def test_mpt_tokens_per_s_to_step_time(cases, rows):
     case = _case(cases, rows, 70, model_name="MPT-7b", num_gpus="128", global_batch="768",
                  seq_len="2048", measured_value="10475", zero_stage="fsdp FULL_SHARD (zero3-like)")
     assert case.measured_step_time_s == pytest.approx(768 * 2048 / (10475 * 128))
-    assert case.plan.zero_stage == 3 and case.framework == "llm-foundry-fsdp"
+    assert case.plan.zero_stage == 3 and case.framework == "llm-foundry"
     assert case.model.position_embedding == "alibi" and not case.model.use_bias
     assert case.cluster.name == "dgx-h100" and not case.doubtful
     # README formula (6N + 12 L d s) with N=6.659e9 and the H100 bf16 peak gives 45.71% MFU.
@@ -278,7 +278,7 @@ def test_dtfm_step_time_and_its_flop_count(cases, rows):
     assert case.measured_step_time_s == 16.91
     assert case.cluster.name == "aws-p3.16xlarge" and case.cluster.num_gpus == 64
     assert case.model.num_attention_heads == 16 and case.training.precision == "fp16"
-    assert case.framework == "dtfm-megatron" and not case.training.flash_attention
+    assert case.framework == "megatron-lm-2021" and not case.training.flash_attention
     # "Computation of GPT3-XL (in PFlop): 23.64; Forward: 5.91" (results/gpt3_xl_fp16.md).
     assert dtfm_flops_per_iteration(1024, 2048, 24, 2048) / 1e15 == pytest.approx(23.64, 1e-3)
     assert dtfm_flops_per_iteration(1024, 2048, 24, 2048) / 4e15 == pytest.approx(5.91, 1e-3)

@@ -9,7 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
-from paraplan.cli.inputs import read_json_file, read_plan, read_training, unwrap_plan_json
+from paraplan.cli.inputs import (
+    TrainerOpt,
+    read_json_file,
+    read_plan,
+    read_trainer,
+    read_training,
+    unwrap_plan_json,
+)
 from paraplan.export import FORMATS
 from paraplan.specs import SpecError
 
@@ -61,6 +68,7 @@ def export_cmd(
     global_batch: Annotated[int | None, typer.Option("--global-batch", "-b")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", "-s")] = None,
     precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
+    trainer: TrainerOpt = None,
 ) -> None:
     """Write a plan as a trainer's configuration, after checking that trainer's rules:
     Megatron-LM flags (core_v0.15), torchtitan TOML (v0.2.2), DeepSpeed JSON, nanotron
@@ -72,20 +80,22 @@ def export_cmd(
     if to not in FORMATS:
         raise SpecError(f"--to {to!r} is not an export format", field="--to", value=to,
                         allowed=list(FORMATS))
-    ctx, report = _context(plan, model, cluster, nodes, global_batch, seq_len, precision)
+    ctx, report = _context(plan, model, cluster, nodes, global_batch, seq_len, precision,
+                           read_trainer(trainer, to))
     text = write_export(to, ctx, out, report=report)
     if out is None:
         sys.stdout.write(text)
 
 
 def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int | None,
-             global_batch: int | None, seq_len: int | None, precision: str
+             global_batch: int | None, seq_len: int | None, precision: str, trainer: Any
              ) -> tuple[Any, dict[str, Any] | None]:
     """The ExportContext (and the simulator's report when the cluster is known) for PLAN."""
     from paraplan.export import export_context, is_plan_document, read_plan_document
     from paraplan.simulator.step import simulate
     from paraplan.specs.loaders import _as_path, load_cluster, load_model
     from paraplan.specs.plan import parse_plan
+    from paraplan.specs.trainer import apply_trainer
 
     data: Any = None  # the JSON file's content, read once
     path = _as_path(plan_text) if "=" not in plan_text else None
@@ -112,7 +122,10 @@ def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int 
                  else parse_plan(unwrap_plan_json(data, plan_text, "PLAN")))
     spec_model = load_model(model)  # type: ignore[arg-type]
     spec_cluster = load_cluster(cluster, nodes=nodes)  # type: ignore[arg-type]
-    training = read_training(global_batch, seq_len, precision)
+    # The plan as the trainer runs it (its overlaps, reduction dtype, dropout), so the written
+    # config states them and the prediction beside it is that trainer's.
+    training, spec_plan = apply_trainer(trainer, read_training(global_batch, seq_len, precision),
+                                        spec_plan)
     ctx = export_context(spec_model, training, spec_plan, cluster=spec_cluster)
-    report = simulate(spec_model, spec_cluster, training, spec_plan).to_dict()
+    report = simulate(spec_model, spec_cluster, training, spec_plan, trainer=trainer).to_dict()
     return ctx, report

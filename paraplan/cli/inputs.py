@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from paraplan.specs import SpecError
+
+DEFAULT_TRAINER = "megatron-core"
+"""The trainer the CLI prices and searches for unless told otherwise (the most common
+large-scale trainer); ``--trainer generic`` is every knob paraplan can price."""
+
+TrainerOpt = Annotated[str | None, typer.Option(
+    "--trainer", help="Trainer profile (megatron-core, megatron-lm-2021, torchtitan, deepspeed, "
+    "nanotron, llm-foundry, generic) or a profile YAML: only plans it can run, priced as it "
+    "runs them. Default: megatron-core (best --export X: X's trainer).")]
 
 
 def read_plan(text: str, field: str = "--plan"):
@@ -80,3 +91,31 @@ def check_output_paths(*, plot: str | None = None, trace: str | None = None) -> 
     if trace is not None and (Path(trace).suffix.lower() != ".json" or Path(trace).is_dir()):
         raise SpecError(f"--trace={trace!r} must be a file name ending in .json", field="--trace",
                         value=trace, allowed=[".json"])
+
+
+def read_trainer(name: str | None, export: str | None = None) -> Any:
+    """The TrainerSpec of ``--trainer`` (a preset or a YAML path). Without one, ``--export X``
+    implies X's trainer and otherwise the default; a trainer whose config ``X`` does not write
+    is an error naming both."""
+    from paraplan.specs.loaders import list_profiles, load_trainer
+
+    if name is None:
+        if export not in (None, "json"):
+            for preset in list_profiles("trainers"):
+                spec = load_trainer(preset)
+                if spec.export_format == export:
+                    return spec
+        return load_trainer(DEFAULT_TRAINER)
+    spec = load_trainer(name)
+    if export not in (None, "json") and spec.export_format != export:
+        raise SpecError(f"--trainer {spec.name} conflicts with --export {export}: the {export} "
+                        f"exporter writes {_writer_of(export)}'s config; drop --trainer or "
+                        "export to json", field="--trainer", value=name)
+    return spec
+
+
+def _writer_of(export: str) -> str:
+    from paraplan.specs.loaders import list_profiles, load_trainer
+
+    names = [n for n in list_profiles("trainers") if load_trainer(n).export_format == export]
+    return names[0] if names else export

@@ -19,7 +19,8 @@ def profiles(fmt: FormatOpt = Format.table) -> None:
 
     Example: paraplan profiles --format json
     """
-    names = {kind: list_profiles(kind) for kind in ("gpus", "links", "clusters", "models")}
+    names = {kind: list_profiles(kind)
+             for kind in ("gpus", "links", "clusters", "models", "trainers")}
     if fmt is Format.json:
         details = {
             "gpus": {n: _gpu_row(n) for n in names["gpus"]},
@@ -48,6 +49,8 @@ def profiles(fmt: FormatOpt = Format.table) -> None:
               + ", ".join(names["clusters"]))
     out.print("[bold]Models[/] (or a Hugging Face config.json / YAML path): "
               + ", ".join(names["models"]))
+    out.print("[bold]Trainers[/] (--trainer; or a trainer profile YAML path): "
+              + ", ".join(names["trainers"]))
 
 
 def _gpu_row(name: str) -> dict[str, Any]:

@@ -24,8 +24,9 @@ from paraplan.cli.common import (
     write_report_outputs,
 )
 from paraplan.cli.export import write_export
-from paraplan.cli.inputs import check_output_paths, read_training
+from paraplan.cli.inputs import TrainerOpt, check_output_paths, read_trainer, read_training
 from paraplan.specs import SpecError, load_cluster, load_model
+from paraplan.specs.trainer import trainer_training
 
 
 class Searcher(StrEnum):
@@ -109,10 +110,12 @@ def best(
     relaxed: Annotated[bool, typer.Option(
         "--relaxed", help="Also search DiLoCo (H=10, 100), PowerSGD, 8/4-bit gradients and "
         "8/4-bit pipeline activations; bytes only, convergence not modelled.")] = False,
+    trainer: TrainerOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
-    where the time goes.
+    where the time goes. Only plans the trainer (default megatron-core; with --export X, X's
+    trainer) can run, priced as it runs them.
 
     Example: paraplan best --model llama3-70b --cluster dgx-h100 --nodes 32
     --global-batch 1024 --seq-len 8192 --top 5
@@ -128,19 +131,25 @@ def best(
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)
+    spec_trainer = read_trainer(trainer, export.value if export is not None else None)
     if relaxed:
         from paraplan.search.relaxed import relaxed_search
 
+        if not spec_trainer.can.relaxed_sync:
+            raise SpecError(f"--relaxed searches DiLoCo and compression, which {spec_trainer.label}"
+                            " cannot run; add --trainer generic", field="--trainer",
+                            value=spec_trainer.name)
         err = Console(stderr=True)
         result = relaxed_search(spec_model, spec_cluster, training, searcher=searcher.value,
-                                top=top, fix=fix, seed=seed,
+                                top=top, fix=fix, seed=seed, trainer=spec_trainer,
                                 progress=(lambda m: err.print(f"[dim]{m}[/]"))
                                 if fmt is not Format.json else None)
     else:
         bar = _LazyProgress(f"searching ({searcher.value})", enabled=sys.stderr.isatty())
         try:
             result = run_search(spec_model, spec_cluster, training, searcher=searcher.value,
-                                top=top, fix=fix, progress=bar, seed=seed)
+                                top=top, fix=fix, progress=bar, seed=seed,
+                                trainer=spec_trainer)
         finally:
             bar.close()
     data = result.to_dict()
@@ -153,12 +162,13 @@ def best(
     if plot is not None and data["plans"]:
         write_report_outputs(data["plans"][0], fmt, plot=plot)
     if export is not None and out is not None:
-        _export_best(result, data, spec_model, spec_cluster, training, export.value, out,
+        _export_best(result, data, spec_model, spec_cluster,
+                     trainer_training(spec_trainer, training), export.value, out,
                      quiet=fmt is Format.json)
     if fmt is Format.json:
         emit_json(data)
         return
-    _print_best(console(), data, spec_model.name, spec_cluster)
+    _print_best(console(), data, spec_model.name, spec_cluster, spec_trainer.label)
     if relaxed:
         _print_relaxed(console(), data["relaxed"])
     if gp is not None:
@@ -214,9 +224,11 @@ def _explain(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: Any) -> None:
+def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: Any,
+                trainer: str) -> None:
     plans = data["plans"]
-    out.print(f"[bold]{model_name}[/] on {cluster.num_gpus}x {'+'.join(cluster.gpu_types)}: "
+    out.print(f"[bold]{model_name}[/] on {cluster.num_gpus}x {'+'.join(cluster.gpu_types)} "
+              f"with {trainer}: "
               f"{data['searcher']} search evaluated {data['plans_evaluated']:,} plans in "
               f"{data['search_time_s']:.2f} s"
               + (f" ({data['feasible_plans']:,} fit in memory)" if "feasible_plans" in data
@@ -274,6 +286,7 @@ def pareto(
     precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
     plot: Annotated[str | None, typer.Option(
         "--plot", help="Write the front to this PNG/SVG/PDF.")] = None,
+    trainer: TrainerOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Pareto front of throughput vs memory headroom vs $ per hour across cluster sizes.
@@ -297,7 +310,7 @@ def pareto(
                         value=plot, allowed=[".png", ".svg", ".pdf"])
     points = [p.to_dict() for p in pareto_front(spec_model, spec_cluster, training,
                                                  nodes=sizes or None, fix=parse_fix(fix),
-                                                 limit=limit)]
+                                                 limit=limit, trainer=read_trainer(trainer))]
     if plot is not None:
         from paraplan.viz.pareto import pareto_figure
         from paraplan.viz.timeline import save_figure

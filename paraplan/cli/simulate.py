@@ -12,7 +12,13 @@ from rich.table import Table
 
 from paraplan.cli import goodput
 from paraplan.cli.common import Format, FormatOpt, console, emit_json, write_report_outputs
-from paraplan.cli.inputs import check_output_paths, read_plan, read_training
+from paraplan.cli.inputs import (
+    TrainerOpt,
+    check_output_paths,
+    read_plan,
+    read_trainer,
+    read_training,
+)
 from paraplan.cli.report_view import print_report
 from paraplan.specs import load_cluster, load_model
 
@@ -39,9 +45,11 @@ def simulate(
     storage_gbps: goodput.StorageOpt = None,
     restart_s: goodput.RestartOpt = None,
     preemption_rate: goodput.PreemptOpt = 0.0,
+    trainer: TrainerOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
-    """Simulate one plan: step time, MFU, memory per GPU and where the time goes.
+    """Simulate one plan: step time, MFU, memory per GPU and where the time goes, as the
+    trainer (default megatron-core) runs it; a plan it cannot express is infeasible.
 
     Example: paraplan simulate --model llama3-70b --cluster dgx-h100 --nodes 8
     --plan tp=8,pp=4,mbs=1,sp=1,rc=selective --global-batch 256 --seq-len 8192
@@ -53,7 +61,9 @@ def simulate(
     spec_cluster = load_cluster(cluster, nodes=nodes)
     spec_plan = read_plan(plan)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)
-    report = run_simulation(spec_model, spec_cluster, training, spec_plan).to_dict()
+    spec_trainer = read_trainer(trainer)
+    report = run_simulation(spec_model, spec_cluster, training, spec_plan,
+                            trainer=spec_trainer).to_dict()
     gp = goodput.goodput_section(report, spec_model, mtbf_hours, checkpoint_write_s, storage_gbps,
                                  restart_s, preemption_rate)
     if gp is not None:
@@ -63,7 +73,7 @@ def simulate(
         emit_json(report)
         return
     print_report(console(), report, f"{spec_model.name} on {spec_cluster.num_gpus}x "
-                 f"{'+'.join(spec_cluster.gpu_types)}")
+                 f"{'+'.join(spec_cluster.gpu_types)} with {spec_trainer.label}")
     if gp is not None:
         goodput.print_goodput(console(), gp)
 
@@ -83,6 +93,7 @@ def explain_cmd(
     precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
     top: Annotated[int, typer.Option("--top", "-k", min=1, max=50,
                                      help="How many better changes to list.")] = 5,
+    trainer: TrainerOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Explain one plan in plain words (where the step goes and why) and list the one-knob
@@ -96,13 +107,14 @@ def explain_cmd(
     spec_plan = read_plan(plan)
     spec_model, spec_cluster = load_model(model), load_cluster(cluster, nodes=nodes)
     training = read_training(global_batch, seq_len, precision)
-    data = explain(spec_model, spec_cluster, training, spec_plan, top=top)
+    spec_trainer = read_trainer(trainer)
+    data = explain(spec_model, spec_cluster, training, spec_plan, top=top, trainer=spec_trainer)
     if fmt is Format.json:
         emit_json(data)
         return
     out = Console()
     out.print(f"[bold]{data['plan']}[/] for {spec_model.name} on {spec_cluster.num_gpus}x "
-              f"{'+'.join(spec_cluster.gpu_types)}")
+              f"{'+'.join(spec_cluster.gpu_types)} with {spec_trainer.label}")
     for line in data["findings"]:
         out.print(f"  - {line}")
     alts = data["alternatives"]

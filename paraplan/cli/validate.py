@@ -98,25 +98,31 @@ def validate_published_cmd(
 
 
 def _print_validation(out: Console, result: dict[str, Any]) -> None:
-    table = Table(title="error vs published runs (MAPE on step time; memory rows on GiB)",
-                  title_justify="left")
-    for col in ("source", "rows", "predicted", "MAPE %", "MAPE % (plan certain)", "worst row"):
-        table.add_column(col, justify="left" if col == "source" else "right")
-    for src, info in result["by_source"].items():
-        worst = info.get("worst_row")
-        table.add_row(
-            src, str(info.get("n_rows", "")), str(info["n"]),
-            "-" if info["mape_pct"] is None else f"{info['mape_pct']:.1f}",
-            "-" if info.get("mape_pct_certain") is None else f"{info['mape_pct_certain']:.1f}",
-            "-" if not worst else f"#{worst['index']} {worst['model']} {worst['error_pct']:+.1f}%",
-        )
-    overall = result["mape_pct"]
-    table.add_row("[bold]all[/]", str(result["n_rows"]), str(result["n_predicted"]),
-                  "-" if overall is None else f"[bold]{overall:.1f}[/]",
-                  "-" if result.get("mape_pct_certain") is None
-                  else f"{result['mape_pct_certain']:.1f}",
-                  f"coverage {result.get('coverage_pct', 0):.0f}%")
-    out.print(table)
+    for key, label in (("by_source", "source"), ("by_trainer", "trainer")):
+        table = Table(title=f"error vs published runs by {label} (MAPE on step time; memory "
+                      "rows on GiB)", title_justify="left")
+        for col in (label, "rows", "predicted", "MAPE %", "MAPE % (plan certain)",
+                    "too fast", "worst row"):
+            table.add_column(col, justify="left" if col == label else "right")
+        for name, info in result[key].items():
+            worst = info.get("worst_row")
+            table.add_row(
+                name, str(info.get("n_rows", "")), str(info["n"]),
+                "-" if info["mape_pct"] is None else f"{info['mape_pct']:.1f}",
+                "-" if info.get("mape_pct_certain") is None
+                else f"{info['mape_pct_certain']:.1f}",
+                f"{info['n_too_fast']}/{info['n']}",
+                "-" if not worst else
+                f"#{worst['index']} {worst['model']} {worst['error_pct']:+.1f}%",
+            )
+        overall = result["mape_pct"]
+        table.add_row("[bold]all[/]", str(result["n_rows"]), str(result["n_predicted"]),
+                      "-" if overall is None else f"[bold]{overall:.1f}[/]",
+                      "-" if result.get("mape_pct_certain") is None
+                      else f"{result['mape_pct_certain']:.1f}",
+                      f"{result['n_too_fast']}/{result['n_predicted']}",
+                      f"coverage {result.get('coverage_pct', 0):.0f}%")
+        out.print(table)
     skipped = [r for r in result["rows"] if r["status"] != "ok"]
     if skipped:
         out.print(f"{len(skipped)} rows not predicted:")

@@ -168,14 +168,17 @@ def _data_parallel(ctx: ExportContext) -> list[str]:
 
 
 def _precision(ctx: ExportContext) -> list[str]:
+    # Megatron's dropout defaults are 0.1 (arguments.py --hidden-dropout/--attention-dropout);
+    # a run without dropout (Llama-style, and how the megatron-core profile prices it) says so.
+    out = [] if ctx.training.dropout else ["--hidden-dropout 0.0", "--attention-dropout 0.0"]
     precision = ctx.training.precision
     if precision == "bf16":
-        return ["--bf16"]
+        return [*out, "--bf16"]
     if precision == "fp16":
-        return ["--fp16"]
+        return [*out, "--fp16"]
     if precision == "fp8":
-        return ["--bf16", "--fp8-format hybrid"]
-    return []  # fp32: Megatron's default
+        return [*out, "--bf16", "--fp8-format hybrid"]
+    return out  # fp32: Megatron's default
 
 
 def megatron_script(ctx: ExportContext, header: list[str]) -> str:

@@ -59,7 +59,9 @@ def nanotron_config(ctx: ExportContext) -> dict[str, Any]:
         "parallelism": parallelism,
         "tokens": {"sequence_length": t.seq_len, "micro_batch_size": p.micro_batch_size,
                    "batch_accumulation_per_replica": accumulation},
-        "optimizer": {"zero_stage": p.zero_stage},
+        # fp32 gradient accumulation and reduction, as nanotron's examples set it (and as the
+        # nanotron trainer profile prices it): src/nanotron/helpers.py FP32GradientAccumulator.
+        "optimizer": {"zero_stage": p.zero_stage, "accumulate_grad_in_fp32": True},
         "model": {"model_config": model_config},
     }
 

@@ -31,6 +31,7 @@ from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import TrainerSpec
 from paraplan.specs.training import TrainingSpec
 
 if TYPE_CHECKING:
@@ -177,8 +178,10 @@ def rank_key(report: StepReport) -> tuple[float, float, int]:
 def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                       fix: dict[str, Any] | None = None, top: int = 10,
                       options: SpaceOptions | None = None,
-                      progress: Progress | None = None) -> SearchResult:
+                      progress: Progress | None = None,
+                      trainer: TrainerSpec | None = None) -> SearchResult:
     """Rank every legal plan; return the ``top`` fastest that fit, as exact StepReports.
+    With a ``trainer``, only plans it can express, priced as it runs them.
 
     Raises:
         SpecError: when no plan is legal or none fits in memory (the message says why).
@@ -186,7 +189,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
     if top < 1:
         raise SpecError("top must be >= 1", field="top", value=top)
     start = time.perf_counter()
-    space = build_space(model, cluster, training, fix, options)
+    space = build_space(model, cluster, training, fix, options, trainer)
     if len(space) == 0:
         reasons = ", ".join(f"{n:,} {r}" for r, n in space.rejected.most_common(3))
         raise SpecError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs of "
@@ -207,7 +210,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
             value=round(float(ev.peak_gib[best]), 1))
 
     def sim(i: int) -> StepReport:
-        return simulate(model, cluster, training, space.plan(i))
+        return simulate(model, cluster, training, space.plan(i), trainer=trainer)
 
     bound = space.cols["uneven"] == 0  # exact, or a lower bound (interleaved m % pp != 0)
     reports = top_k(ev.step_time_s, bound, feasible, top, sim)

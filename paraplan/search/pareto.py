@@ -21,6 +21,7 @@ from paraplan.simulator.step import simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.trainer import TrainerSpec, trainer_training
 from paraplan.specs.training import TrainingSpec
 
 
@@ -73,8 +74,10 @@ def pareto_mask(objectives: np.ndarray, maximize: tuple[bool, ...]) -> np.ndarra
 
 def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                  nodes: list[int] | None = None, fix: dict[str, Any] | None = None,
-                 options: SpaceOptions | None = None, limit: int = 40) -> list[ParetoPoint]:
-    """The Pareto front over plans and cluster sizes (``nodes``: node counts to try).
+                 options: SpaceOptions | None = None, limit: int = 40,
+                 trainer: TrainerSpec | None = None) -> list[ParetoPoint]:
+    """The Pareto front over plans and cluster sizes (``nodes``: node counts to try); with a
+    ``trainer``, over the plans it can run, priced as it runs them.
 
     Returns at most ``limit`` points, fastest first (evenly thinned when the front is
     longer). Raises SpecError when no plan fits at any size.
@@ -85,12 +88,14 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if not cluster.is_homogeneous:
         raise SpecError("Pareto fronts need one GPU type", field="cluster", value=cluster.name)
     price = cluster.gpu.price_per_hour_usd
+    if trainer is not None:
+        training = trainer_training(trainer, training)
     spaces: dict[int, tuple[ClusterSpec, PlanSpace]] = {}
     # Candidates: (nodes, row, tokens/s, headroom GiB) on each size's 2-D front.
     cands: list[tuple[int, int, float, float]] = []
     for n_nodes in sizes:
         cl = cluster.with_nodes(n_nodes)
-        space = build_space(model, cl, training, fix, options)
+        space = build_space(model, cl, training, fix, options, trainer)
         if len(space) == 0:
             continue
         ev = evaluate_space(space, exact_interleaved=False)
@@ -117,7 +122,7 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     out = []
     for n_nodes, i, _, _ in chosen:
         cl, space = spaces[n_nodes]
-        rep = simulate(model, cl, training, space.plan(i))
+        rep = simulate(model, cl, training, space.plan(i), trainer=trainer)
         if not rep.feasible or rep.step_time_s is None:
             continue
         per_hour = cl.num_gpus * price if price else None

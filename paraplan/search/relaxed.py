@@ -45,12 +45,14 @@ def describe(knobs: dict[str, Any]) -> str:
 def relaxed_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                    searcher: str = "auto", top: int = 10, fix: dict[str, Any] | None = None,
                    seed: int = 0, grid: tuple[dict[str, Any], ...] = RELAXED_GRID,
-                   progress: Callable[[str], None] | None = None) -> SearchResult:
+                   progress: Callable[[str], None] | None = None,
+                   trainer: Any = None) -> SearchResult:
     """Search every knob setting of ``grid`` (pins in ``fix`` win: a grid point that sets a
     pinned field differently is skipped) and rank all plans together.
 
     The result's ``extra["relaxed"]`` lists, per grid point, its best step time and its
     speedup over the dense search; ``baseline_step_time_s`` is the dense search's.
+    ``trainer`` (a profile that allows relaxed synchronization, e.g. generic) as in ``search``.
 
     Raises:
         SpecError: no grid point has a plan that fits.
@@ -68,7 +70,7 @@ def relaxed_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
         say(f"relaxed search: {describe(knobs)}")
         try:
             res = search(model, cluster, training, searcher=searcher, top=top,
-                         fix={**pins, **knobs}, seed=seed)
+                         fix={**pins, **knobs}, seed=seed, trainer=trainer)
             results.append((knobs, res, None))
         except SpecError as exc:
             results.append((knobs, None, str(exc)))

@@ -19,6 +19,7 @@ import numpy as np
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device, optimizer_step_time
+from paraplan.simulator.dp_sync import bucketed_grad_sync
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.layer import (
     CE_VALUES_PER_TOKEN,
@@ -51,33 +52,17 @@ from paraplan.simulator.report import (
 )
 from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
+from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.topology import Topology
+from paraplan.specs.trainer import TrainerSpec, apply_trainer, trainer_reasons
 from paraplan.specs.training import TrainingSpec
 
 __all__ = [
-    "CE_VALUES_PER_TOKEN",
-    "FP32_BYTES",
-    "HeadTimes",
-    "LayerCost",
-    "LayerParts",
-    "MEMORY_KEYS",
-    "STEP_PARTS",
-    "StepReport",
-    "TIME_KEYS",
-    "bucketed_grad_sync",
-    "compose_layer_cost",
-    "even_split",
-    "gib",
-    "head_times",
-    "infeasible",
-    "layer_cost",
-    "layer_parts",
-    "placed_group",
-    "plan_chunks",
-    "simulate",
-    "stage_gpu_types",
+    "CE_VALUES_PER_TOKEN", "FP32_BYTES", "HeadTimes", "LayerCost", "LayerParts", "MEMORY_KEYS",
+    "STEP_PARTS", "StepReport", "TIME_KEYS", "bucketed_grad_sync", "compose_layer_cost",
+    "even_split", "gib", "head_times", "infeasible", "layer_cost", "layer_parts",
+    "placed_group", "plan_chunks", "simulate", "stage_gpu_types",
 ]
 
 
@@ -105,39 +90,6 @@ def plan_chunks(model: ModelSpec, plan: ParallelPlan) -> tuple[list[int], list[i
     p, v = plan.pp, plan.virtual_stages
     chunks = list(plan.layers_per_stage or even_split(model.num_layers, p * v))
     return chunks, [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
-
-
-def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
-                       plan: ParallelPlan, training: TrainingSpec, count: float) -> float:
-    """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
-    in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
-
-    DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
-    parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
-    (Megatron's distributed optimizer, DeepSpeed ZeRO-1/2) reduce-scatter them and all-gather
-    the updated parameters in the compute dtype:
-    each costs half of the best all-reduce algorithm on its volume (an all-reduce is a
-    reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
-    the library's measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
-    reduce-scatter is ~3x slower than its all-reduce, NCCL's kinds are even).
-    """
-    if count <= 0 or len(group) <= 1:
-        return 0.0
-    buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
-    grad_bytes = effective_grad_bytes(model, training, plan)
-
-    def all_reduce(nbytes: float) -> float:
-        if plan.dp_algorithm == "sharded_ps":
-            return buckets * coll.sharded_ps_all_reduce(topo, group, nbytes / buckets)
-        if plan.dp_algorithm == "ps":
-            return buckets * coll.ps_all_reduce(topo, group, nbytes / buckets)
-        return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
-
-    if plan.zero_stage in (1, 2):
-        return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter")
-                + 0.5 * all_reduce(count * training.compute_bytes)
-                / coll.kind_efficiency(topo, "all_gather"))
-    return all_reduce(count * grad_bytes)
 
 
 def stage_gpu_types(cluster: ClusterSpec, plan: ParallelPlan, p: int, span_ranks: int,
@@ -174,14 +126,39 @@ def stage_gpu_types(cluster: ClusterSpec, plan: ParallelPlan, p: int, span_ranks
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-             plan: ParallelPlan, *, time_if_oom: bool = False) -> StepReport:
+             plan: ParallelPlan, *, time_if_oom: bool = False,
+             trainer: TrainerSpec | str | None = None) -> StepReport:
     """Simulate one training step of ``plan``; infeasible plans say why in ``reasons``.
 
     Args:
         time_if_oom: still report times for a plan that does not fit in memory (``feasible``
             stays False and ``reasons`` says by how much); used when validating against runs
             that are known to have fit.
+        trainer: price the plan as this trainer runs it (a profile name, YAML path or
+            TrainerSpec: its TP/DP overlap, gradient-reduction dtype, dropout and kernels,
+            except fields the plan or training set explicitly); a plan the trainer cannot
+            express is infeasible and the reasons say why. None prices the plan as written.
     """
+    if trainer is None:
+        return _simulate(model, cluster, training, plan, time_if_oom)
+    spec = trainer if isinstance(trainer, TrainerSpec) else load_trainer(trainer)
+    training, plan = apply_trainer(spec, training, plan)
+    dp = plan.resolved_dp(cluster.num_gpus)
+    per_step = dp * plan.micro_batch_size
+    m = training.global_batch_size // per_step if training.global_batch_size % per_step == 0 \
+        else None
+    cannot = trainer_reasons(spec, model, training, plan, m)
+    if cannot:
+        report = infeasible(plan, check_plan(model, cluster, training, plan) + cannot)
+    else:
+        report = _simulate(model, cluster, training, plan, time_if_oom)
+    report.extra["trainer"] = spec.name
+    return report
+
+
+def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+              plan: ParallelPlan, time_if_oom: bool) -> StepReport:
+    """``simulate`` of the plan as written."""
     reasons = check_plan(model, cluster, training, plan)
     if reasons:
         return infeasible(plan, reasons)

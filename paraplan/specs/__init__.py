@@ -9,14 +9,17 @@ from paraplan.specs.loaders import (
     load_gpu,
     load_link,
     load_model,
+    load_trainer,
 )
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan, parse_plan
 from paraplan.specs.topology import Topology
+from paraplan.specs.trainer import TrainerSpec, apply_trainer, trainer_reasons
 from paraplan.specs.training import TrainingSpec
 
 __all__ = [
     "ClusterSpec", "GPUSpec", "LinkSpec", "ModelSpec", "NodeGroup", "ParallelPlan", "RegionLink",
-    "SpecError", "Topology", "TrainingSpec", "check_plan", "list_profiles", "load_cluster",
-    "load_gpu", "load_link", "load_model", "parse_plan", "validate_plan",
+    "SpecError", "Topology", "TrainerSpec", "TrainingSpec", "apply_trainer", "check_plan",
+    "list_profiles", "load_cluster", "load_gpu", "load_link", "load_model", "load_trainer",
+    "parse_plan", "trainer_reasons", "validate_plan",
 ]

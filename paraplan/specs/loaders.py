@@ -19,8 +19,9 @@ from paraplan.specs.cluster import ClusterSpec, GemmTable, GPUSpec, LinkSpec
 from paraplan.specs.errors import SpecError, from_validation_error
 from paraplan.specs.hf_config import model_from_hf_config
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.trainer import TrainerSpec
 
-KINDS = ("gpus", "links", "clusters", "models")
+KINDS = ("gpus", "links", "clusters", "models", "trainers")
 
 
 def profiles_dir() -> Path:
@@ -29,7 +30,8 @@ def profiles_dir() -> Path:
 
 
 def list_profiles(kind: str) -> list[str]:
-    """Names of the bundled profiles of one kind (``gpus``, ``links``, ``clusters``, ``models``)."""
+    """Names of the bundled profiles of one kind (``gpus``, ``links``, ``clusters``, ``models``,
+    ``trainers``)."""
     if kind not in KINDS:
         raise SpecError(f"profile kind {kind!r} is unknown", field="kind", value=kind,
                         allowed=KINDS)
@@ -176,6 +178,11 @@ def load_gpu(ref: str | dict | GPUSpec) -> GPUSpec:
 def load_link(ref: str | dict | LinkSpec) -> LinkSpec:
     """A link by preset name (``ib-ndr``), YAML path or mapping."""
     return _load_named("links", ref, LinkSpec, "link")
+
+
+def load_trainer(ref: str | dict | TrainerSpec) -> TrainerSpec:
+    """A trainer profile by preset name (``megatron-core``), YAML path or mapping."""
+    return _load_named("trainers", ref, TrainerSpec, "trainer")
 
 
 def load_model(ref: str | ModelSpec) -> ModelSpec:

@@ -1,4 +1,4 @@
-"""Each published source's own conventions: FLOP formulas, metric units and framework facts.
+"""Each published source's own conventions: FLOP formulas, metric units and its trainer.
 
 TFLOP/s and MFU figures are only comparable once every row is turned back into a
 convention-free quantity with the formula its authors used (``sources.md``). This module
@@ -79,8 +79,9 @@ def mpt_flops_per_token(num_params: float, layers: int, hidden: int, seq_len: in
 class SourceConvention:
     """What the loader needs to know about one source (see ``sources.md``)."""
 
-    framework: str
-    """Software that produced the run (the simulator keys implementation facts on it)."""
+    trainer: str
+    """Trainer profile of the software that produced the run
+    (``hardware_profiles/trainers/<name>.yaml``: what it runs and how)."""
     flash_attention: bool
     """The run used fused/Flash attention (no s^2 score tensor stored)."""
     tflops_formula: str | None
@@ -94,24 +95,24 @@ class SourceConvention:
 
 SOURCES: dict[str, SourceConvention] = {
     "megatron2021_narayanan": SourceConvention(
-        "megatron-2021", False, "narayanan", None, 312.0,
+        "megatron-lm-2021", False, "narayanan", None, 312.0,
         "Megatron-LM 2021 (PTD-P); eq. 3 counts the recomputed forward; predates FlashAttention"),
     "korthikanti2022": SourceConvention(
-        "megatron-2021", False, None, "korthikanti", 312.0,
+        "megatron-lm-2021", False, None, "korthikanti", 312.0,
         "Megatron-LM 2022 (pre megatron-core: same DDP/optimizer code as 2021, plus sequence "
         "parallelism and selective recompute, which are plan fields); no FlashAttention"),
     "torchtitan": SourceConvention(
         "torchtitan", True, "torchtitan", "torchtitan", None,
         "FSDP2 + TP/PP/CP; SDPA flash kernels; MFU peak 312 (A100) / 989 (H100 SXM)"),
     "mosaicml_llmfoundry_mpt": SourceConvention(
-        "llm-foundry-fsdp", True, None, "mpt", None,
+        "llm-foundry", True, None, "mpt", None,
         "Composer + PyTorch FSDP; FlashAttention (README); MFU peak from composer, not re-read"),
     "bloom176b_bigscience": SourceConvention(
         "deepspeed", False, "narayanan", None, 312.0,
         "Megatron-DeepSpeed pipeline engine, BF16Optimizer with ZeRO-1; fused softmax, no "
         "FlashAttention (2022); TFLOPs logged with the 4x2 (recompute) coefficient"),
     "dtfm_yuan2022": SourceConvention(
-        "dtfm-megatron", False, "dtfm", None, None,
+        "megatron-lm-2021", False, "dtfm", None, None,
         "Megatron-LM baselines run by the DT-FM authors on V100 (2022); no FlashAttention"),
     # ---- hold-out sources (paraplan/validate/data/holdout/SOURCES.md): never used to choose
     # a constant; they check that the model generalises.
@@ -127,50 +128,15 @@ SOURCES: dict[str, SourceConvention] = {
         "deepspeed", False, "narayanan", None, 312.0,
         "Megatron-DeepSpeed MT-NLG 530B (2021): pipeline engine reduces after the flush"),
     "megatron_readme_gpt3_175b": SourceConvention(
-        "megatron-2021", False, None, None, None,
+        "megatron-lm-2021", False, None, None, None,
         "Megatron-LM README GPT-3 175B example on Selene (pre megatron-core)"),
     "llama3_paper": SourceConvention(
-        "meta-internal", True, None, None, None,
+        "generic", True, None, None, None,
         "Llama 3 paper Table 4: TFLOP/s per GPU with an unpublished FLOP formula"),
     "opt175b_meta": SourceConvention(
-        "metaseq", False, None, None, None,
+        "generic", False, None, None, None,
         "OPT-175B 'up to 147 TFLOP/s' with an unpublished formula and batch"),
 }
-
-FRAMEWORK_FP32_GRAD_REDUCE = frozenset({"torchtitan", "llm-foundry-fsdp"})
-"""Frameworks that reduce gradients in fp32: torchtitan's FSDP2 default
-``mixed_precision_reduce = "float32"`` (torchtitan/config/job_config.py), and composer's FSDP
-``mixed_precision: DEFAULT`` used by the MPT tables (param_dtype = amp dtype, reduce_dtype =
-float32, in composer's FSDP utilities)."""
-FRAMEWORK_FLASH_ATTENTION_V1 = frozenset({"llm-foundry-fsdp"})
-"""Frameworks whose runs used FlashAttention-1-class kernels: the MPT benchmark tables (2023,
-torch 1.13, see their TODO) use ALiBi, which only llm-foundry's `attn_impl: triton` kernel (the
-FlashAttention-1 algorithm in Triton) supported then."""
-FRAMEWORK_TP_COMM_OVERLAP = frozenset({"megatron-core"})
-"""Frameworks whose recipes overlap TP communication with GEMMs: NeMo/Megatron-Core H100
-recipes set ``tp_comm_overlap: True`` (Transformer Engine userbuffers)."""
-FRAMEWORK_DROPOUT = frozenset({"megatron-2021", "dtfm-megatron"})
-"""Frameworks whose runs used dropout: Megatron-LM's defaults are --hidden-dropout 0.1 and
---attention-dropout 0.1 (megatron/arguments.py), kept by the GPT scripts of that era; BLOOM
-trained without dropout (BLOOM paper sec 3.5), torchtitan and llm-foundry MPT configs use 0."""
-
-FRAMEWORK_DP_GRAD_OVERLAP: dict[str, bool] = {
-    "megatron-2021": False,
-    "megatron-core": True,
-    "deepspeed": False,
-    "torchtitan": True,
-    "llm-foundry-fsdp": True,
-    "dtfm-megatron": False,
-}
-"""Whether the framework overlaps the data-parallel gradient reduction with backward.
-
-Megatron-LM's ``--DDP-impl local`` (its default before megatron-core) all-reduces gradients after
-the last micro-batch's backward; ``--DDP-impl torch`` (PyTorch DDP) overlaps per bucket, and the
-SC21 Table 1 script uses it for the pp=1 models (the loader sets that per row). DeepSpeed's
-pipeline engine reduces gradients after the pipeline flush. FSDP/FSDP2 reduce-scatter per
-parameter group during backward. megatron-core has ``overlap_grad_reduce``.
-"""
-
 
 # ---- metric conversion ------------------------------------------------------------------------
 

@@ -63,23 +63,31 @@ def _worst(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"index": row["index"], "error_pct": row["error_pct"], "model": row["model"]}
 
 
-def _summary(rows: list[dict[str, Any]], basis: str) -> dict[str, Any]:
-    ok = [r for r in rows if r["status"] == "ok"]
-    certain = [r for r in ok if not r["doubtful"]]
-    by_source: dict[str, Any] = {}
-    for src in dict.fromkeys(r["source_id"] for r in rows):
-        mine = [r for r in rows if r["source_id"] == src]
+def _group(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Error summary per value of ``key`` (``source_id`` or ``trainer``)."""
+    out: dict[str, Any] = {}
+    for value in dict.fromkeys(r[key] for r in rows):
+        mine = [r for r in rows if r[key] == value]
         mine_ok = [r for r in mine if r["status"] == "ok"]
         mine_certain = [r for r in mine_ok if not r["doubtful"]]
-        by_source[src] = {
+        out[value] = {
             "n": len(mine_ok), "mape_pct": _mape(mine_ok), "n_rows": len(mine),
             "n_skipped": sum(r["status"] == "skipped" for r in mine),
             "n_infeasible": sum(r["status"] == "infeasible" for r in mine),
             "n_certain": len(mine_certain), "mape_pct_certain": _mape(mine_certain),
+            "n_too_fast": sum(r["error_pct"] < 0 for r in mine_ok),
             "worst_row": _worst(mine_ok),
         }
+    return out
+
+
+def _summary(rows: list[dict[str, Any]], basis: str) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == "ok"]
+    certain = [r for r in ok if not r["doubtful"]]
     return {
-        "rows": rows, "mape_pct": _mape(ok), "by_source": by_source, "n_rows": len(rows),
+        "rows": rows, "mape_pct": _mape(ok), "by_source": _group(rows, "source_id"),
+        "by_trainer": _group(rows, "trainer"), "n_too_fast": sum(r["error_pct"] < 0 for r in ok),
+        "n_rows": len(rows),
         "n_predicted": len(ok),
         "coverage_pct": 100.0 * len(ok) / len(rows) if rows else 0.0,
         "mape_pct_certain": _mape(certain), "n_certain": len(certain),
@@ -96,7 +104,7 @@ def _row(case: _Case, **extra: Any) -> dict[str, Any]:
         "measured": _finite(case.measured), "predicted": None, "error_pct": None,
         "status": "skipped", "reason": case.skip_reason, "doubtful": case.doubtful,
         "model": case.model_name, "plan": case.plan.short() if case.plan else None,
-        "framework": case.framework, **extra,
+        "framework": case.framework, "trainer": case.framework, **extra,
     }
 
 

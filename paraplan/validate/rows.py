@@ -37,13 +37,9 @@ from paraplan.specs import (
     check_plan,
     load_cluster,
 )
-from paraplan.specs.loaders import cluster_from_dict, load_gpu
+from paraplan.specs.loaders import cluster_from_dict, load_gpu, load_trainer
+from paraplan.specs.trainer import TrainerSpec, apply_trainer
 from paraplan.validate.conventions import (
-    FRAMEWORK_DP_GRAD_OVERLAP,
-    FRAMEWORK_DROPOUT,
-    FRAMEWORK_FLASH_ATTENTION_V1,
-    FRAMEWORK_FP32_GRAD_REDUCE,
-    FRAMEWORK_TP_COMM_OVERLAP,
     SOURCES,
     precision_from_text,
     recompute_from_text,
@@ -64,6 +60,7 @@ from paraplan.validate.source_facts import (
 class _Specs:
     source: str
     framework: str
+    """The trainer profile's name (``hardware_profiles/trainers``)."""
     notes: list[str]
     doubt: bool = False
     model: ModelSpec | None = None
@@ -274,7 +271,8 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         # torchtitan's TP plan always shards norms over the sequence (SequenceParallel) and
         # uses loss parallel (torchtitan/models/llama3/infra/parallelize.py apply_tp).
         sequence_parallel=cell(row, "sequence_parallel").lower() in ("1", "true", "yes")
-        or (s.framework == "torchtitan" and (int_cell(row, "tp") or 1) > 1),
+        or (_trainer(s.framework).can.sequence_parallel == "always"
+            and (int_cell(row, "tp") or 1) > 1),
         zero_stage=zero, micro_batch_size=mbs, schedule="interleaved" if vpp > 1 else "1f1b",
         virtual_stages=vpp, recompute=recompute, layers_per_stage=layers_per_stage,
     )
@@ -284,16 +282,15 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
     """Build every spec of one row; a problem ends up in ``skip`` with what was built so far."""
     source = cell(row, "source_id")
     conv = SOURCES.get(source)
-    s = _Specs(source=source, framework=conv.framework if conv else "unknown", notes=[])
-    s.overlap = FRAMEWORK_DP_GRAD_OVERLAP.get(s.framework)
+    name = cell(row, "trainer") or (conv.trainer if conv else "generic")
+    s = _Specs(source=source, framework=name, notes=[])
     if PLAN_DOUBT.search(cell(row, "doubt")):
         if source == "megatron2021_narayanan" and cell(row, "model_name") in SC21_TABLE_1:
             s.notes.append("doubt column resolved by examples/sc21/run_table_1.sh")
         else:
             s.guess(f"CSV doubt column: {cell(row, 'doubt')}")
     try:
-        if conv is None:
-            raise SkipRow(f"source {source!r} has no recorded conventions (sources.md)")
+        flash = conv.flash_attention if conv is not None else _flag(row, "flash_attention", True)
         seq = _seq_len(row, s)
         s.seq_len = seq
         s.model = _model(row, s, seq)
@@ -328,27 +325,39 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             raise SkipRow("global batch size is not published, so neither the step time nor the "
                           "pipeline schedule of this run is known")
         notes = (cell(row, "notes") + " " + cell(row, "secondary_metrics")).lower()
-        compiled = "compile" in notes
-        kernels = "eager" if (s.framework == "torchtitan" and not compiled) else "fused"
-        origin = "torch.compile" if compiled else s.framework
-        s.notes.append(f"{kernels} non-GEMM kernels ({origin})")
+        trainer = _trainer(s.framework)
+        s.overlap = s.overlap if s.overlap is not None else trainer.runs.overlap_grad_reduce
+        explicit: dict[str, Any] = {}
+        if "compile" in notes:
+            explicit["kernels"] = "fused"
+        s.notes.append(f"{explicit.get('kernels', trainer.runs.kernels)} non-GEMM kernels "
+                       f"({'torch.compile' if explicit else trainer.name})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":
             # torchtitan's selective mode defaults to selective_ac_option = "op".
             s.plan = s.plan.model_copy(update={"recompute": "op"})
             s.notes.append("torchtitan selective = op-level SAC (selective_ac_option='op')")
-        if s.plan.tp > 1 and ("asynctp" in notes or s.framework in FRAMEWORK_TP_COMM_OVERLAP):
+        if s.plan.tp > 1 and "asynctp" in notes:
             s.plan = s.plan.model_copy(update={"tp_comm_overlap": True})
+        s.plan = s.plan.model_copy(update={"overlap_grad_reduce": s.overlap})
+        training = make_spec(TrainingSpec, "training", global_batch_size=s.gbs, seq_len=seq,
+                             precision=precision, flash_attention=flash, **explicit)
+        s.training, s.plan = apply_trainer(trainer, training, s.plan)
+        if s.plan.tp_comm_overlap:
             s.notes.append("TP communication overlapped with GEMMs (async TP / userbuffers)")
-        s.training = make_spec(TrainingSpec, "training", global_batch_size=s.gbs, seq_len=seq,
-                               precision=precision, flash_attention=conv.flash_attention,
-                               kernels=kernels,
-                               grad_reduce_fp32=s.framework in FRAMEWORK_FP32_GRAD_REDUCE,
-                               dropout=s.framework in FRAMEWORK_DROPOUT,
-                               flash_attention_version=1
-                               if s.framework in FRAMEWORK_FLASH_ATTENTION_V1 else 2)
         reasons = check_plan(s.model, s.cluster, s.training, s.plan)
         if reasons:
             raise SkipRow("plan is illegal: " + "; ".join(reasons))
     except (SkipRow, SpecError) as exc:
         s.skip = str(exc)
     return s
+
+
+@functools.lru_cache(maxsize=32)
+def _trainer(name: str) -> TrainerSpec:
+    """The trainer profile a row names (its own ``trainer`` column, else its source's)."""
+    return load_trainer(name)
+
+
+def _flag(row: dict[str, Any], key: str, default: bool) -> bool:
+    text = cell(row, key).lower()
+    return default if not text else text in ("1", "true", "yes")

@@ -15,13 +15,14 @@ from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.trainer import TrainerSpec
 from paraplan.specs.training import TrainingSpec
 
 
 def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
               fix: dict[str, Any] | None = None, top: int = 10,
               options: SpaceOptions | None = None, progress: Progress | None = None,
-              candidates: int = 48) -> SearchResult:
+              candidates: int = 48, trainer: TrainerSpec | None = None) -> SearchResult:
     """Exhaustive ranking, then the exact layer-split DP on the best pipelined plans.
 
     The vectorized evaluator ranks every plan (even or near-even splits, timed even when they
@@ -30,6 +31,7 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     :func:`optimal_layer_split` (a rebalanced split can fit where the even one does not) and
     simulated. The result holds the best ``top`` of those and of the exhaustive top, by
     ``simulate()`` step time, so it is never slower than the exhaustive searcher's best.
+    With a ``trainer``, only plans it can express (no re-split where it splits layers evenly).
     """
     import time
 
@@ -38,7 +40,7 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     from paraplan.simulator.step import simulate
 
     start = time.perf_counter()
-    space = build_space(model, cluster, training, fix, options)
+    space = build_space(model, cluster, training, fix, options, trainer)
     if len(space) == 0:
         raise SpecError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs",
                         field="plan", value=str(fix or {}))
@@ -47,13 +49,15 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     bound = space.cols["uneven"] == 0
 
     def sim(i: int) -> StepReport:
-        return simulate(model, cluster, training, space.plan(i))
+        return simulate(model, cluster, training, space.plan(i), trainer=trainer)
 
     reports = top_k(ev.step_time_s, bound, feasible, top, sim) if feasible.any() else []
     c = space.cols
     pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
     rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
     rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")][:candidates]
+    if trainer is not None and not trainer.can.uneven_layers:
+        rows = rows[:0]
     seen = {json.dumps(r.plan, sort_keys=True) for r in reports}
     resplit = 0
     for i in rows.tolist():
@@ -64,7 +68,7 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         except SpecError:
             continue
         resplit += 1
-        rep = simulate(model, cluster, training, split.plan)
+        rep = simulate(model, cluster, training, split.plan, trainer=trainer)
         key = json.dumps(rep.plan, sort_keys=True)
         if rep.feasible and key not in seen:
             seen.add(key)

@@ -16,6 +16,7 @@ from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import TrainerSpec
 from paraplan.specs.training import TrainingSpec
 
 SHORTLIST = 12
@@ -81,7 +82,7 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
                         fix: dict | None = None, top: int = 10, options=None,
                         progress=None, seed: int = 0, shortlist: int = SHORTLIST,
                         placed: int = PLACED, generations: int = 20,
-                        population_size: int = 16):
+                        population_size: int = 16, trainer: TrainerSpec | None = None):
     """Best plans with topology-aware placement (DT-FM sec 3), for ``paraplan best``.
 
     1. Shortlist: rank every legal plan shape with the vectorized exhaustive search on the
@@ -99,6 +100,9 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
     Returns a :class:`~paraplan.search.exhaustive.SearchResult` whose ``extra["placements"]``
     lists, per placed shape, the DT-FM cost of rank order and of the GA placement, the
     simulated step times and the GA's convergence (best cost per generation).
+
+    With a ``trainer``, only shapes it can express; a trainer that places ranks in its own
+    order (every profiled trainer) gets the rank-order plans only.
     """
     from paraplan.search.exhaustive import SearchResult, rank_key
     from paraplan.search.space import build_space, evaluate_space
@@ -108,7 +112,9 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if top < 1:
         raise SpecError("top must be >= 1", field="top", value=top)
     view = uniform_view(cluster)
-    space = build_space(model, view, training, fix, options)
+    space = build_space(model, view, training, fix, options, trainer)
+    if trainer is not None and not trainer.can.placement:
+        placed = 0
     if len(space) == 0:
         reasons = ", ".join(f"{k:,} {r}" for r, k in space.rejected.most_common(3))
         raise SpecError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs of "
@@ -201,6 +207,9 @@ def evolutionary_search(model: ModelSpec, cluster: ClusterSpec, training: Traini
              "simulated on the real cluster in rank order (the baseline) and, for the "
              f"{len(chosen)} fastest shapes, with a DT-FM genetic placement of their "
              "(stage, replica) tasklets, kept where simulate finds it faster"]
+    if trainer is not None and not trainer.can.placement:
+        notes.append(f"{trainer.label} places ranks in its own order, so no GA placement was "
+                     "searched (--trainer generic to see what placement would buy)")
     return SearchResult(
         searcher="evolutionary", plans_evaluated=len(space) + len(keep),
         search_time_s=time.perf_counter() - start, reports=reports[:top],

@@ -61,6 +61,8 @@ class Choice:
                                 "zero_stage": self.zero, "sequence_parallel": self.sp,
                                 "schedule": "1f1b", **dict(self.extra), **constants}
         data.update(update)
+        if data.get("tp_comm_overlap") and not (data["tp"] > 1 and data["sequence_parallel"]):
+            data["tp_comm_overlap"] = False  # nothing to overlap (and Megatron needs SP for it)
         return ParallelPlan(**data)
 
     def short(self) -> str:

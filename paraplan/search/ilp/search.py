@@ -30,6 +30,7 @@ from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import TrainerSpec, trainer_reasons
 from paraplan.specs.training import TrainingSpec
 
 
@@ -105,7 +106,8 @@ def _describe(cluster: ClusterSpec) -> str:
 
 def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                fix: dict[str, Any] | None = None, time_limit_s: float = 20.0, top: int = 5,
-               progress: Callable[[int, int], None] | None = None) -> IlpResult:
+               progress: Callable[[int, int], None] | None = None,
+               trainer: TrainerSpec | None = None) -> IlpResult:
     """Best plans for a (heterogeneous) cluster by pipeline- and data-heterogeneous ILPs.
 
     Outer loop over structural choices (tp, dp, pp, micro-batch size, recompute, ZeRO
@@ -131,6 +133,8 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
             a plan and returns the best so far with ``complete=False``.
         top: how many plans to return.
         progress: called with (choices done, choices in all) after each choice.
+        trainer: only layouts this trainer can express, with its TP/DP overlap (its other
+            run facts are already in ``training``: ``search.dispatch``).
 
     Returns:
         An :class:`IlpResult`.
@@ -148,8 +152,16 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
                         "searchers)", field="model", value=model.name)
     fixed = normalise_fix(fix)
     constants = {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
+    if trainer is not None:  # every ILP layout runs sequence parallelism with tp > 1
+        constants.setdefault("overlap_grad_reduce", trainer.runs.overlap_grad_reduce)
+        constants.setdefault("tp_comm_overlap", trainer.runs.tp_comm_overlap)
     ctx = make_context(model, cluster, training, constants)
     choices = enumerate_choices(ctx, fixed)
+    if trainer is not None:
+        B = training.global_batch_size
+        choices = [ch for ch in choices if not trainer_reasons(
+            trainer, model, training, ch.plan(constants, dp=ch.dp or None),
+            B // (ch.dp * ch.mbs) if ch.formulation == "pipeline" else None)]
     if not choices:
         raise SpecError(f"no legal layout of {model.name} on {cluster.name!r} "
                         f"({_describe(cluster)}) matches fix={fixed}: tp must divide the heads, "
@@ -214,7 +226,8 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
                     # simulate and kept when it is faster.
                     best_rep, best_plan = None, sol.plan
                     for plan in (sol.plan, sol.plan.model_copy(update={"schedule": "zb-h1"})):
-                        if plan.schedule != "1f1b" and (plan.pp == 1 or "schedule" in fixed):
+                        if plan.schedule != "1f1b" and (plan.pp == 1 or "schedule" in fixed or (
+                                trainer is not None and "zb-h1" not in trainer.can.schedules)):
                             continue
                         rep = simulate(model, sol.cluster, training, plan)
                         if rep.feasible and (best_rep is None
@@ -263,7 +276,8 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
 def ilp_search_result(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                       fix: dict[str, Any] | None = None, top: int = 10,
                       time_limit_s: float = 20.0,
-                      progress: Callable[[int, int], None] | None = None) -> Any:
+                      progress: Callable[[int, int], None] | None = None,
+                      trainer: TrainerSpec | None = None) -> Any:
     """:func:`ilp_search` as the common :class:`~paraplan.search.exhaustive.SearchResult`
     (``paraplan best --searcher ilp``). ``baseline_step_time_s`` is the best plan that treats
     every GPU as the slowest type in rank order; the ILP's formulation, solver status,
@@ -271,7 +285,7 @@ def ilp_search_result(model: ModelSpec, cluster: ClusterSpec, training: Training
     from paraplan.search.exhaustive import SearchResult
 
     res = ilp_search(model, cluster, training, fix=fix, time_limit_s=time_limit_s, top=top,
-                     progress=progress)
+                     progress=progress, trainer=trainer)
     notes = [f"ILP ({res.formulation} formulation, CBC): {res.plans_evaluated} solves over "
              f"{res.choices} layouts, {res.pruned} pruned by a lower bound; best solve "
              f"{res.solver_status}, optimality gap {res.gap:.2%}"]

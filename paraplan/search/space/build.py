@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from paraplan.search.space.fix import CONSTANT_FIELDS, RECOMPUTES
+from paraplan.search.space.trainer_filter import check_trainer_inputs, trainer_mask
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.simulator.step import even_split
 from paraplan.specs.checks import divisors
@@ -17,6 +18,7 @@ from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import TrainerSpec, tp_overlap
 from paraplan.specs.training import TrainingSpec
 
 # Why build_space rejects a plan (the keys of PlanSpace.rejected), in the order they are
@@ -61,6 +63,8 @@ class PlanSpace:
     rejected: Counter = field(default_factory=Counter)
     considered: int = 0
     """Plans in the raw grid (legal + rejected by a rule)."""
+    trainer: TrainerSpec | None = None
+    """The trainer every plan must run on (None: any plan the simulator prices)."""
 
     def __len__(self) -> int:
         return int(self.cols["tp"].shape[0])
@@ -75,6 +79,8 @@ class PlanSpace:
             "micro_batch_size": c["mbs"], "schedule": SCHEDULES[c["sched"]],
             "virtual_stages": c["v"], "recompute": RECOMPUTES[c["rc"]], **self.constants,
         }
+        if self.trainer is not None and "tp_comm_overlap" not in self.constants:
+            data["tp_comm_overlap"] = tp_overlap(self.trainer.runs, c["tp"], bool(c["sp"]))
         if c["uneven"]:
             data["layers_per_stage"] = even_split(self.model.num_layers, c["pp"] * c["v"])
         return ParallelPlan(**data)
@@ -83,7 +89,7 @@ class PlanSpace:
         """Rows where ``mask`` is true (rejection counts are kept)."""
         return PlanSpace(self.model, self.cluster, self.training,
                          {k: v[mask] for k, v in self.cols.items()}, self.constants,
-                         Counter(self.rejected), self.considered)
+                         Counter(self.rejected), self.considered, self.trainer)
 
 
 def _allowed(fix: dict[str, Any], key: str, values: list[Any]) -> list[Any]:
@@ -94,8 +100,10 @@ def _allowed(fix: dict[str, Any], key: str, values: list[Any]) -> list[Any]:
 
 def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 fix: dict[str, Any] | None = None,
-                options: SpaceOptions | None = None) -> PlanSpace:
-    """Enumerate the legal plans of a homogeneous search (rules as in ``check_plan``)."""
+                options: SpaceOptions | None = None,
+                trainer: TrainerSpec | None = None) -> PlanSpace:
+    """Enumerate the legal plans of a homogeneous search (rules as in ``check_plan``); with a
+    ``trainer``, only those it can express (``trainer_filter``), run as it runs them."""
     fix = dict(fix or {})
     opt = options or SpaceOptions()
     n = cluster.num_gpus
@@ -104,6 +112,9 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     gpn = min(g.gpus_per_node for g in cluster.node_groups)
     cross = bool(fix.get("allow_cross_node_tp", False))
     constants = {k: fix[k] for k in CONSTANT_FIELDS if k in fix}
+    if trainer is not None:
+        check_trainer_inputs(trainer, model, training, constants)
+        constants.setdefault("overlap_grad_reduce", trainer.runs.overlap_grad_reduce)
     rejected: Counter = Counter()
 
     tps = _allowed(fix, "tp", divisors(n) if cross else divisors(gpn))
@@ -202,4 +213,8 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         cols = {k: np.concatenate([b[k] for b in blocks]).astype(np.int64) for k in keys}
     else:
         cols = {k: np.zeros(0, dtype=np.int64) for k in keys}
-    return PlanSpace(model, cluster, training, cols, constants, rejected, considered)
+    if trainer is not None:
+        keep, refused = trainer_mask(cols, trainer, model)
+        cols = {k: v[keep] for k, v in cols.items()}
+        rejected.update(refused)
+    return PlanSpace(model, cluster, training, cols, constants, rejected, considered, trainer)

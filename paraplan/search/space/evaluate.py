@@ -20,6 +20,7 @@ from paraplan.simulator.memory import GiB, layer_activations
 from paraplan.simulator.step import LayerParts, compose_layer_cost, head_times, layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import tp_overlap
 
 
 @dataclass
@@ -104,10 +105,12 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
     parts: dict[tuple[int, ...], tuple[LayerParts, LayerParts, tuple[float, ...]]] = {}
     for i, (t, cp, sp, mbs, rc, ep, etp) in enumerate(uniq):
+        tco = {k: v for k, v in const.items() if k in ("tp_comm_overlap",)}
+        if space.trainer is not None and not tco:
+            tco = {"tp_comm_overlap": tp_overlap(space.trainer.runs, int(t), bool(sp))}
         plan = ParallelPlan(tp=int(t), cp=int(cp), sequence_parallel=bool(sp),
                             micro_batch_size=int(mbs), recompute=RECOMPUTES[rc], ep=int(ep),
-                            etp=int(etp), **{k: v for k, v in const.items()
-                                             if k in ("tp_comm_overlap",)})
+                            etp=int(etp), **tco)
         base = (int(t), int(cp), int(sp), int(mbs), int(ep), int(etp))
         if base not in parts:  # everything but recompute
             dp_ = layer_parts(model, topo, training, plan, dev, moe=False)

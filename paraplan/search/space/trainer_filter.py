@@ -1,0 +1,93 @@
+"""The plans of a space that a trainer can run: ``specs.trainer.trainer_reasons`` restated over
+the space's integer columns (one boolean mask per rule), so a search never ranks a plan the
+named trainer cannot express. Rejected plans are counted under one reason per rule."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from paraplan.search.space.fix import RECOMPUTES
+from paraplan.simulator.pipeline import SCHEDULES
+from paraplan.specs.errors import SpecError
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import RELAXED_FIELDS, TrainerSpec
+from paraplan.specs.training import TrainingSpec
+
+
+def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: TrainingSpec,
+                         constants: dict) -> None:
+    """Refuse, before any search, what no plan can fix: the model, the precision, a pinned
+    relaxed-synchronization knob the trainer cannot express."""
+    can, who = trainer.can, trainer.label
+    if model.is_moe and not can.moe:
+        raise SpecError(f"{who} (as paraplan exports it) has no mixture-of-experts models; "
+                        "use --trainer megatron-core or torchtitan", field="--trainer",
+                        value=trainer.name)
+    if training.precision not in can.precisions:
+        raise SpecError(f"{who} cannot train in {training.precision}", field="--precision",
+                        value=training.precision, allowed=list(can.precisions))
+    if not can.relaxed_sync:
+        pinned = [k for k in RELAXED_FIELDS if k in constants
+                  and constants[k] != ParallelPlan.model_fields[k].default]
+        if pinned:
+            raise SpecError(f"{who} synchronizes dense gradients every step; {pinned[0]} "
+                            "cannot be pinned (use --trainer generic for what-if studies)",
+                            field="--fix", value=pinned[0])
+
+
+def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: ModelSpec
+                 ) -> tuple[np.ndarray, Counter]:
+    """(rows the trainer can run, rejected plans counted by reason)."""
+    can, who = trainer.can, trainer.label
+    tp, pp, cp, ep, etp = cols["tp"], cols["pp"], cols["cp"], cols["ep"], cols["etp"]
+    sp, zero, sched, v, rc, m = (cols["sp"], cols["zero"], cols["sched"], cols["v"], cols["rc"],
+                                 cols["m"])
+    piped = pp > 1
+    allowed_sched = np.array([s in can.schedules for s in SCHEDULES])
+    allowed_rc = np.array([r in can.recompute for r in RECOMPUTES])
+    allowed_zero = np.array([z in can.zero_stages for z in range(4)])
+    rules: list[tuple[str, np.ndarray]] = [
+        (f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)",
+         piped & ~allowed_sched[sched]),
+        (f"{who} cannot express that ZeRO stage ({', '.join(map(str, can.zero_stages))} only)",
+         ~allowed_zero[zero]),
+        (f"{who} runs ZeRO <= {can.max_zero_stage_with_pp} with pipeline parallelism",
+         piped & (zero > can.max_zero_stage_with_pp)),
+        (f"{who} needs ZeRO >= {can.min_zero_stage_with_ep} with expert parallelism",
+         (ep > 1) & (zero < can.min_zero_stage_with_ep)),
+        (f"{who} cannot recompute that way ({', '.join(can.recompute)} only)",
+         ~allowed_rc[rc]),
+        (f"{who} splits layers evenly over the pipeline stages",
+         (cols["uneven"] == 1) & (not can.uneven_layers)),
+        (f"{who} has no context parallelism", (cp > 1) & (not can.context_parallel)),
+        (f"{who} does not set expert parallelism in its config",
+         (ep > 1) & (not can.expert_parallel)),
+        (f"{who} has no expert tensor-parallel degree other than tp",
+         (etp != tp) & (not can.expert_tensor_parallel) & model.is_moe),
+    ]
+    if can.max_virtual_stages is not None:
+        rules.append((f"{who} runs at most {can.max_virtual_stages} virtual stages per rank",
+                      v > can.max_virtual_stages))
+    if can.sequence_parallel == "never":
+        rules.append((f"{who} has no Megatron sequence parallelism", (tp > 1) & (sp == 1)))
+    if can.sequence_parallel == "always":
+        rules.append((f"{who} always uses sequence parallelism with tp > 1",
+                      (tp > 1) & (sp == 0)))
+    if can.microbatches_per_stage:
+        rules.append((f"{who} needs at least one micro-batch per pipeline stage",
+                      piped & (m < pp * v)))
+    if can.one_f_one_b_needs_pp_minus_1:
+        rules.append((f"{who}'s 1F1B engine needs at least pp - 1 micro-batches",
+                      piped & (sched == SCHEDULES.index("1f1b")) & (m < pp - 1)))
+    keep = np.ones(len(tp), dtype=bool)
+    rejected: Counter = Counter()
+    for reason, bad in rules:
+        hit = keep & bad
+        count = int(hit.sum())
+        if count:
+            rejected[reason] += count
+            keep &= ~hit
+    return keep, rejected

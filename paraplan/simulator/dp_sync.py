@@ -1,0 +1,45 @@
+"""Data-parallel gradient synchronisation outside ZeRO-3: DDP / Megatron buckets over a group,
+by NCCL-style collectives or parameter servers (``plan.dp_algorithm``)."""
+
+from __future__ import annotations
+
+from paraplan.simulator import collectives as coll
+from paraplan.simulator.compression import effective_grad_bytes
+from paraplan.simulator.memory import DDP_BUCKET_ELEMENTS
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.topology import Topology
+from paraplan.specs.training import TrainingSpec
+
+
+def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
+                       plan: ParallelPlan, training: TrainingSpec, count: float) -> float:
+    """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
+    in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
+
+    DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
+    parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
+    (Megatron's distributed optimizer, DeepSpeed ZeRO-1/2) reduce-scatter them and all-gather
+    the updated parameters in the compute dtype:
+    each costs half of the best all-reduce algorithm on its volume (an all-reduce is a
+    reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
+    the library's measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
+    reduce-scatter is ~3x slower than its all-reduce, NCCL's kinds are even).
+    """
+    if count <= 0 or len(group) <= 1:
+        return 0.0
+    buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
+    grad_bytes = effective_grad_bytes(model, training, plan)
+
+    def all_reduce(nbytes: float) -> float:
+        if plan.dp_algorithm == "sharded_ps":
+            return buckets * coll.sharded_ps_all_reduce(topo, group, nbytes / buckets)
+        if plan.dp_algorithm == "ps":
+            return buckets * coll.ps_all_reduce(topo, group, nbytes / buckets)
+        return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
+
+    if plan.zero_stage in (1, 2):
+        return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter")
+                + 0.5 * all_reduce(count * training.compute_bytes)
+                / coll.kind_efficiency(topo, "all_gather"))
+    return all_reduce(count * grad_bytes)

@@ -1,0 +1,219 @@
+"""TrainerSpec: what one trainer (and version) can express, and how it runs what it expresses.
+
+A trainer profile is an input like the cluster (``hardware_profiles/trainers/*.yaml``): its
+``can`` part limits the plans a searcher may return to those the trainer can run, and its
+``runs`` part sets the implementation facts the simulator prices (TP and DP communication
+overlap, gradient-reduction dtype, dropout, kernels, FlashAttention version). Every fact is
+cited to the trainer's own source file in the profile's ``sources``.
+
+``trainer_reasons`` says in plain words why a trainer cannot run a plan; ``apply_trainer``
+turns a (training, plan) pair into the one the trainer runs. A field the user set explicitly
+(pydantic's ``model_fields_set``; ``model_copy(update=...)`` marks what it sets, so applying a
+profile twice changes nothing) always wins over the profile.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from paraplan.specs.base import StrictModel
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan, Recompute, Schedule
+from paraplan.specs.training import Precision, TrainingSpec
+
+RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
+                  "activation_compression_bits", "pseudo_grad_bits")
+"""Plan fields of relaxed synchronization (local SGD, compression): no pinned trainer config
+expresses them; a profile allows them with ``can.relaxed_sync``."""
+
+
+class TrainerCan(StrictModel):
+    """What the trainer's configuration can express (a plan outside it cannot be run)."""
+
+    schedules: list[Schedule]
+    """Pipeline schedules (with pp > 1; pp = 1 needs none)."""
+    max_virtual_stages: int | None = Field(default=None, ge=1)
+    """Most model chunks per pipeline rank (interleaving); None = any the layers allow."""
+    uneven_layers: bool
+    """A layer split that is not equal over the pipeline stages (first/last-stage options)."""
+    zero_stages: list[Literal[0, 1, 2, 3]]
+    """ZeRO stages (0 = replicated DDP, 1 = distributed optimizer, 2 = + gradients, 3 = FSDP)."""
+    max_zero_stage_with_pp: Literal[0, 1, 2, 3] = 3
+    """Highest ZeRO stage together with pipeline parallelism (pp > 1)."""
+    min_zero_stage_with_ep: Literal[0, 1, 2, 3] = 0
+    """Lowest ZeRO stage together with expert parallelism (ep > 1)."""
+    sequence_parallel: Literal["never", "optional", "always"]
+    """Megatron-style sequence parallelism with tp > 1: never, the user's choice, or always on."""
+    context_parallel: bool
+    """Ring context parallelism (cp > 1)."""
+    expert_parallel: bool
+    """Expert parallelism (ep > 1) set in the trainer's config."""
+    expert_tensor_parallel: bool
+    """An expert tensor-parallel degree other than tp."""
+    moe: bool
+    """Mixture-of-experts models at all."""
+    recompute: list[Recompute]
+    """Activation recomputation kinds."""
+    precisions: list[Precision]
+    """Compute precisions."""
+    microbatches_per_stage: bool = False
+    """With pp > 1 every pipeline stage (pp * vpp of them) needs at least one micro-batch."""
+    one_f_one_b_needs_pp_minus_1: bool = False
+    """The 1F1B engine needs at least pp - 1 micro-batches."""
+    relaxed_sync: bool = False
+    """Local SGD / DiLoCo, gradient or activation compression."""
+    dp_algorithms: list[Literal["collective", "ps", "sharded_ps"]] = ["collective"]
+    """How DP gradients travel: NCCL-style collectives, or parameter servers."""
+    placement: bool = False
+    """A custom rank-to-GPU placement (trainers place ranks in their own order)."""
+
+
+class TrainerRuns(StrictModel):
+    """How the trainer runs a plan (as its exported config sets it): what the simulator prices."""
+
+    tp_comm_overlap: bool
+    """TP collectives overlapped with the adjacent GEMMs (userbuffers / async TP)."""
+    tp_comm_overlap_needs_sp: bool = True
+    """The overlap works on sequence parallelism's all-gather / reduce-scatter only."""
+    overlap_grad_reduce: bool
+    """DP gradient reduction overlapped with the backward pass (buckets)."""
+    overlap_param_gather: bool = False
+    """Sharded parameters all-gathered ahead of the forward pass (recorded, not yet priced)."""
+    overlap_p2p: bool = False
+    """Interleaved-schedule pipeline sends overlapped with compute (recorded, not yet priced)."""
+    grad_reduce_fp32: bool | Literal["bf16"]
+    """Gradients reduced across DP ranks in fp32 (4 bytes per value); ``bf16``: when training
+    in bf16 (or fp8 with bf16 parameters), as Megatron promotes bf16 reductions to fp32."""
+    dropout: bool
+    """Dropout layers (their masks add activation memory)."""
+    kernels: Literal["fused", "eager"]
+    """Non-GEMM kernels: fused (Megatron / Transformer Engine kernels, torch.compile) or eager."""
+    flash_attention_version: Literal[1, 2] = 2
+    """FlashAttention-1-class or -2-class attention kernels."""
+    fp8_weight_cache: bool = False
+    """fp8 weight casts kept across micro-batches (recorded, not yet priced)."""
+    compile: bool = False
+    """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
+
+
+class TrainerSpec(StrictModel):
+    """One trainer and version: what it can express and how it runs (see the module doc)."""
+
+    name: str
+    display_name: str = ""
+    version: str = ""
+    export_format: Literal["megatron", "torchtitan", "deepspeed", "nanotron"] | None = None
+    """The ``--export`` format that writes this trainer's config (None: none does)."""
+    can: TrainerCan
+    runs: TrainerRuns
+    sources: dict[str, str] = {}
+    """Citation of each fact: ``can.<field>`` / ``runs.<field>`` -> the trainer's source."""
+    notes: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.version})" if self.version else self.name
+
+
+def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSpec,
+                    plan: ParallelPlan, num_microbatches: int | None = None) -> list[str]:
+    """Why ``trainer`` cannot run ``plan`` (empty when it can), one plain sentence each.
+
+    ``num_microbatches`` (per replica per step) enables the micro-batch rules."""
+    can, who, out = trainer.can, trainer.label, []
+    p = plan
+    if p.pp > 1 and p.schedule not in can.schedules:
+        out.append(f"{who} cannot run schedule={p.schedule}; it runs {_words(can.schedules)}")
+    if can.max_virtual_stages is not None and p.virtual_stages > can.max_virtual_stages:
+        out.append(f"{who} runs at most {can.max_virtual_stages} virtual stages per pipeline "
+                   f"rank (plan: {p.virtual_stages})")
+    if p.layers_per_stage is not None and len(set(p.layers_per_stage)) > 1 \
+            and not can.uneven_layers:
+        out.append(f"{who} splits layers evenly over the pipeline stages (plan: "
+                   f"{p.layers_per_stage})")
+    if p.zero_stage not in can.zero_stages:
+        out.append(f"{who} cannot express zero_stage={p.zero_stage}; it has "
+                   f"{_words(can.zero_stages)}")
+    elif p.pp > 1 and p.zero_stage > can.max_zero_stage_with_pp:
+        out.append(f"{who} runs ZeRO stage {can.max_zero_stage_with_pp} at most with pipeline "
+                   f"parallelism (plan: zero_stage={p.zero_stage}, pp={p.pp})")
+    if p.ep > 1 and p.zero_stage < can.min_zero_stage_with_ep:
+        out.append(f"{who} carves expert parallelism out of its sharded data-parallel "
+                   f"dimension: ep > 1 needs zero_stage >= {can.min_zero_stage_with_ep}")
+    if p.tp > 1 and p.sequence_parallel and can.sequence_parallel == "never":
+        out.append(f"{who} has no Megatron sequence parallelism (plan: sp)")
+    if p.tp > 1 and not p.sequence_parallel and can.sequence_parallel == "always":
+        out.append(f"{who} always shards norms over the sequence with tp > 1 (sp=1)")
+    if p.cp > 1 and not can.context_parallel:
+        out.append(f"{who} has no ring context parallelism (plan: cp={p.cp})")
+    if model.is_moe and not can.moe:
+        out.append(f"{who} (as paraplan exports it) has no mixture-of-experts models")
+    elif p.ep > 1 and not can.expert_parallel:
+        out.append(f"{who} does not set expert parallelism in its config (plan: ep={p.ep})")
+    if model.is_moe and p.expert_tp != p.tp and not can.expert_tensor_parallel:
+        out.append(f"{who} has no expert tensor-parallel degree other than tp (plan: "
+                   f"etp={p.expert_tp})")
+    if p.recompute not in can.recompute:
+        out.append(f"{who} cannot recompute={p.recompute}; it has {_words(can.recompute)}")
+    if training.precision not in can.precisions:
+        out.append(f"{who} cannot train in {training.precision}; it has "
+                   f"{_words(can.precisions)}")
+    if num_microbatches is not None and p.pp > 1:
+        stages = p.pp * p.virtual_stages
+        if can.microbatches_per_stage and num_microbatches < stages:
+            out.append(f"{who} needs at least one micro-batch per pipeline stage: "
+                       f"{num_microbatches} < pp*vpp = {stages}")
+        if (can.one_f_one_b_needs_pp_minus_1 and p.schedule == "1f1b"
+                and num_microbatches < p.pp - 1):
+            out.append(f"{who}'s 1F1B engine needs at least pp - 1 = {p.pp - 1} micro-batches "
+                       f"(plan: {num_microbatches})")
+    if not can.relaxed_sync:
+        knobs = [f for f in RELAXED_FIELDS if f in p.model_fields_set
+                 and getattr(p, f) != ParallelPlan.model_fields[f].default]
+        if knobs:
+            out.append(f"{who} synchronizes dense gradients every step ({', '.join(knobs)} "
+                       "cannot be set)")
+    if p.dp_algorithm not in can.dp_algorithms:
+        out.append(f"{who} sends gradients through {_words(can.dp_algorithms)} "
+                   f"(plan: dp_algorithm={p.dp_algorithm})")
+    if p.placement is not None and p.placement != list(range(len(p.placement))) \
+            and not can.placement:
+        out.append(f"{who} places ranks in its own order (no custom placement)")
+    return out
+
+
+def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPlan
+                  ) -> tuple[TrainingSpec, ParallelPlan]:
+    """The (training, plan) ``trainer`` runs: its run facts, except fields the user set."""
+    runs = trainer.runs
+    p_update = {}
+    if "overlap_grad_reduce" not in plan.model_fields_set:
+        p_update["overlap_grad_reduce"] = runs.overlap_grad_reduce
+    if "tp_comm_overlap" not in plan.model_fields_set:
+        p_update["tp_comm_overlap"] = tp_overlap(runs, plan.tp, plan.sequence_parallel)
+    return trainer_training(trainer, training), plan.model_copy(update=p_update)
+
+
+def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
+    """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels and
+    FlashAttention version from the profile, except those the user set."""
+    runs = trainer.runs
+    facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
+             else training.precision in ("bf16", "fp8"),
+             "dropout": runs.dropout, "kernels": runs.kernels,
+             "flash_attention_version": runs.flash_attention_version}
+    return training.model_copy(update={k: v for k, v in facts.items()
+                                       if k not in training.model_fields_set})
+
+
+def tp_overlap(runs: TrainerRuns, tp: int, sequence_parallel: bool) -> bool:
+    """Whether the trainer overlaps the TP collectives of a plan with this tp and SP."""
+    return bool(runs.tp_comm_overlap and tp > 1
+                and (sequence_parallel or not runs.tp_comm_overlap_needs_sp))
+
+
+def _words(values: list) -> str:
+    items = [str(v) for v in values]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]

@@ -1,0 +1,271 @@
+"""Trainer profiles: what each trainer can express (scalar rules and the vectorized filter agree),
+how it runs a plan (explicit fields win), searches return only plans the trainer can run, and
+``best --export X`` works for every trainer on plans of many shapes."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from paraplan import TrainingSpec, load_cluster, load_model, parse_plan, simulate
+from paraplan.export import export_context, export_text
+from paraplan.search import search
+from paraplan.search.space import build_space
+from paraplan.search.space.trainer_filter import trainer_mask
+from paraplan.specs import SpecError, list_profiles, load_trainer
+from paraplan.specs.loaders import cluster_from_dict
+from paraplan.specs.trainer import TrainerCan, TrainerRuns, apply_trainer, trainer_reasons
+from tests.test_cli import run
+from tests.test_export import dotted, megatron_flags, recorded
+
+TRAINERS = list_profiles("trainers")
+EXPORTING = {"megatron-core": "megatron", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
+             "nanotron": "nanotron"}
+KEY_LISTS = {"megatron": "megatron_core_v0.15.txt", "torchtitan": "torchtitan_v0.2.txt",
+             "deepspeed": "deepspeed.txt", "nanotron": "nanotron.txt"}
+
+
+def recorded_keys(fmt: str) -> set[str]:
+    return recorded(KEY_LISTS[fmt])
+
+
+def exported_keys(fmt: str, text: str) -> set[str]:
+    """Every key a written trainer config sets (Megatron flags, dotted TOML/JSON/YAML keys)."""
+    if fmt == "megatron":
+        return set(megatron_flags(text))
+    if fmt == "torchtitan":
+        data = tomllib.loads(text)
+        return dotted(data) - set(data)
+    return dotted(json.loads(text) if fmt == "deepspeed" else yaml.safe_load(text))
+
+
+def test_every_profile_loads_and_cites_real_fields():
+    assert {"megatron-core", "megatron-lm-2021", "torchtitan", "deepspeed", "nanotron",
+            "generic"} <= set(TRAINERS)
+    for name in TRAINERS:
+        spec = load_trainer(name)
+        assert spec.name == name
+        for key in spec.sources:
+            part, _, field = key.partition(".")
+            fields = TrainerCan.model_fields if part == "can" else TrainerRuns.model_fields
+            assert part in ("can", "runs") and (not field or field in fields), (name, key)
+        if name != "generic":
+            assert spec.sources, f"{name} cites no source"
+    assert {load_trainer(n).export_format for n in EXPORTING} == set(EXPORTING.values())
+
+
+def test_unknown_trainer_is_a_clear_error():
+    with pytest.raises(SpecError, match="unknown trainer 'megatron-x'.*megatron-core"):
+        load_trainer("megatron-x")
+
+
+MODEL = load_model("llama3-8b")
+TRAIN = TrainingSpec(global_batch_size=64, seq_len=4096)
+
+
+@pytest.mark.parametrize(("trainer", "plan", "needle"), [
+    ("megatron-core", "tp=2,pp=2,schedule=zb-h1", "cannot run schedule=zb-h1"),
+    ("megatron-core", "tp=2,pp=2,rc=op", "cannot recompute=op"),
+    ("megatron-core", "tp=2,pp=2,zero=2", "ZeRO stage 1 at most with pipeline"),
+    ("torchtitan", "tp=2,zero=1", "cannot express zero_stage=1"),
+    ("torchtitan", "tp=2,sp=0", "always shards norms"),
+    ("deepspeed", "pp=2,zero=2", "ZeRO stage 1 at most"),
+    ("deepspeed", "tp=2,sp=1", "no Megatron sequence parallelism"),
+    ("deepspeed", "cp=2", "no ring context parallelism"),
+    ("nanotron", "pp=2,vpp=2,schedule=interleaved", "cannot run schedule=interleaved"),
+    ("nanotron", "zero=3", "cannot express zero_stage=3"),
+    ("megatron-core", "h=10", "synchronizes dense gradients every step"),
+    ("megatron-core", "dp_algo=sharded_ps", "sends gradients through collective"),
+])
+def test_trainer_reasons_by_hand(trainer, plan, needle):
+    reasons = trainer_reasons(load_trainer(trainer), MODEL, TRAIN, parse_plan(plan), 16)
+    assert any(needle in r for r in reasons), reasons
+    assert not trainer_reasons(load_trainer("generic"), MODEL, TRAIN, parse_plan(plan), 16)
+
+
+def test_microbatch_rules():
+    # torchtitan: one micro-batch per stage at least; nanotron's 1F1B: pp - 1 at least.
+    plan = parse_plan("tp=2,sp=1,pp=4,vpp=2,schedule=interleaved")
+    assert any("one micro-batch per pipeline stage" in r for r in
+               trainer_reasons(load_trainer("torchtitan"), MODEL, TRAIN, plan, 7))
+    assert not trainer_reasons(load_trainer("torchtitan"), MODEL, TRAIN, plan, 8)
+    one = parse_plan("pp=4,schedule=1f1b")
+    assert trainer_reasons(load_trainer("nanotron"), MODEL, TRAIN, one, 2)
+    assert not trainer_reasons(load_trainer("nanotron"), MODEL, TRAIN, one, 3)
+
+
+def test_apply_trainer_sets_run_facts_but_explicit_fields_win():
+    meg = load_trainer("megatron-core")
+    training, plan = apply_trainer(meg, TRAIN, parse_plan("tp=4,sp=1"))
+    assert plan.tp_comm_overlap and plan.overlap_grad_reduce
+    assert training.grad_reduce_fp32 and not training.dropout  # bf16: Megatron reduces in fp32
+    _, no_sp = apply_trainer(meg, TRAIN, parse_plan("tp=4,sp=0"))
+    assert not no_sp.tp_comm_overlap  # --tp-comm-overlap needs --sequence-parallel
+    fp16 = TrainingSpec(global_batch_size=64, seq_len=4096, precision="fp16")
+    assert not apply_trainer(meg, fp16, parse_plan("tp=4"))[0].grad_reduce_fp32
+    mine = TrainingSpec(global_batch_size=64, seq_len=4096, dropout=True, grad_reduce_fp32=False)
+    training, plan = apply_trainer(meg, mine, parse_plan("tp=4,sp=1,tp_comm_overlap=false"))
+    assert training.dropout and not training.grad_reduce_fp32 and not plan.tp_comm_overlap
+    # Applying twice changes nothing.
+    assert apply_trainer(meg, training, plan) == (training, plan)
+    titan, _ = apply_trainer(load_trainer("torchtitan"), TRAIN, parse_plan("tp=2,sp=1"))
+    assert titan.kernels == "eager" and titan.grad_reduce_fp32
+
+
+def test_generic_prices_a_plan_as_written():
+    cluster = load_cluster("dgx-h100", nodes=2)
+    for text in ("tp=2,pp=2,mbs=1,zero=1,schedule=zb-h1", "tp=4,cp=2,sp=1,rc=selective"):
+        plan = parse_plan(text)
+        a = simulate(MODEL, cluster, TRAIN, plan)
+        b = simulate(MODEL, cluster, TRAIN, plan, trainer="generic")
+        assert a.step_time_s == b.step_time_s and a.memory_gb == b.memory_gb
+        assert b.extra["trainer"] == "generic"
+
+
+def test_simulate_refuses_what_the_trainer_cannot_run():
+    cluster = load_cluster("dgx-h100", nodes=2)
+    rep = simulate(MODEL, cluster, TRAIN, parse_plan("tp=2,pp=2,schedule=zb-h1"),
+                   trainer="megatron-core")
+    assert not rep.feasible and any("zb-h1" in r for r in rep.reasons)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_vectorized_filter_agrees_with_trainer_reasons(trainer):
+    model = load_model("mixtral-8x7b")  # MoE: ep and etp rules too
+    cluster = load_cluster("dgx-h100", nodes=4)
+    training = TrainingSpec(global_batch_size=64, seq_len=4096)
+    spec = load_trainer(trainer)
+    space = build_space(model, cluster, training)
+    keep, _ = trainer_mask(space.cols, spec, model)
+    rng = np.random.default_rng(0)
+    rows = rng.choice(len(space), size=min(600, len(space)), replace=False)
+    for i in rows.tolist():
+        plan = space.plan(i)
+        scalar = not trainer_reasons(spec, model, training, plan, int(space.cols["m"][i]))
+        assert scalar == bool(keep[i]) or not spec.can.moe, (trainer, plan.short())
+
+
+def _search_cases():
+    dense = TrainingSpec(global_batch_size=128, seq_len=4096)
+    return [
+        ("llama3-8b", "dgx-h100", 1, dense),
+        ("llama3-70b", "dgx-h100", 32, TrainingSpec(global_batch_size=1024, seq_len=8192)),
+        ("llama3-405b", "dgx-h100", 2048, TrainingSpec(global_batch_size=2048, seq_len=8192)),
+        ("llama3-8b", "dgx-h100", 4, TrainingSpec(global_batch_size=32, seq_len=32768)),
+        ("mixtral-8x7b", "dgx-h100", 8, TrainingSpec(global_batch_size=256, seq_len=4096)),
+        ("gpt3-13b", "dgx-a100-80gb", 16, TrainingSpec(global_batch_size=512, seq_len=2048)),
+        ("gpt3-175b", "dgx-a100-80gb", 16, TrainingSpec(global_batch_size=1536, seq_len=2048)),
+        ("llama2-13b", "dgx-a100-80gb", 4, TrainingSpec(global_batch_size=256, seq_len=4096)),
+    ]
+
+
+# What a trainer cannot do at all on a case, and the error that says so. Everything else must
+# give a plan that exports: at least five cases per trainer besides the README main job.
+CANNOT = {
+    ("nanotron", 4): "mixture-of-experts",  # the Llama config nanotron takes has no experts
+    # 126 layers split evenly over pp | 16384 leaves pp in {1, 2}; ZeRO-1 at most: no fit.
+    ("nanotron", 2): "no plan fits in memory",
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(EXPORTING))
+@pytest.mark.parametrize("case", range(8))
+def test_best_plan_exports_to_its_trainer(trainer, case):
+    name, cluster_name, nodes, training = _search_cases()[case]
+    model = load_model(name)
+    spec = load_trainer(trainer)
+    cluster = load_cluster(cluster_name, nodes=nodes)
+    if (trainer, case) in CANNOT:
+        with pytest.raises(SpecError, match=CANNOT[trainer, case]):
+            search(model, cluster, training, top=1, trainer=spec)
+        return
+    result = search(model, cluster, training, top=3, trainer=spec)
+    fmt = EXPORTING[trainer]
+    for rep in result.reports:
+        plan = parse_plan({k: v for k, v in rep.plan.items() if v is not None})
+        ctx = export_context(model, training, plan, cluster=cluster)
+        text = export_text(fmt, ctx, report=rep.to_dict())
+        unknown = exported_keys(fmt, text) - recorded_keys(fmt)
+        assert not unknown, (trainer, plan.short(), unknown)
+
+
+def test_every_trainer_has_five_cases_besides_the_main_job():
+    for trainer in EXPORTING:
+        assert sum((trainer, c) not in CANNOT for c in range(8)) >= 6  # the main job is one
+
+
+def test_mixed_gpu_cluster_search_respects_the_trainer():
+    # A two-type cluster goes to the ILP; megatron-core cannot run zero-bubble, so the ILP's
+    # ZB-H1 re-timing must not be returned, and the plan must export.
+    cluster = cluster_from_dict({"name": "mix", "node_groups": [
+        {"gpu": "a100-sxm-80gb", "num_nodes": 1, "gpus_per_node": 8, "intra_node_link": "nvlink3",
+         "inter_node_link": "ib-hdr", "nics_per_node": 8},
+        {"gpu": "v100-sxm2-32gb", "num_nodes": 1, "gpus_per_node": 8, "intra_node_link": "nvlink2",
+         "inter_node_link": "ib-edr", "nics_per_node": 4}]})
+    model = load_model("gpt3-2.7b")
+    training = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
+    result = search(model, cluster, training, top=2, trainer="megatron-core")
+    assert result.searcher == "ilp" and result.reports
+    for rep in result.reports:
+        assert rep.plan["schedule"] in ("1f1b", "interleaved")
+        assert rep.extra["trainer"] == "megatron-core"
+        plan = parse_plan({k: v for k, v in rep.plan.items() if v is not None})
+        export_text("megatron", export_context(model, training, plan, cluster=cluster))
+
+
+@pytest.mark.parametrize(("fmt", "suffix"), [("megatron", "sh"), ("torchtitan", "toml"),
+                                             ("deepspeed", "json"), ("nanotron", "yaml")])
+def test_cli_best_export_on_the_readme_main_job(tmp_path: Path, fmt, suffix):
+    out = tmp_path / f"run.{suffix}"
+    res = run("best", "--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "32",
+              "--global-batch", "1024", "--seq-len", "8192", "--top", "1", "--export", fmt,
+              "--out", str(out), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    trainer = {v: k for k, v in EXPORTING.items()}[fmt]
+    assert data["trainer"] == trainer and data["plans"][0]["trainer"] == trainer
+    unknown = exported_keys(fmt, out.read_text()) - recorded_keys(fmt)
+    assert not unknown
+
+
+def test_cli_trainer_conflicts_and_defaults():
+    args = ("best", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "64",
+            "--seq-len", "4096", "--top", "1")
+    res = run(*args, "--trainer", "torchtitan", "--export", "megatron", "--out", "x.sh")
+    assert res.returncode == 2 and "conflicts with --export megatron" in res.stderr
+    res = run(*args, "--trainer", "nope")
+    assert res.returncode == 2 and "unknown trainer 'nope'" in res.stderr
+    res = run(*args, "--format", "json")
+    assert res.returncode == 0 and json.loads(res.stdout)["trainer"] == "megatron-core"
+    res = run(*args, "--relaxed")
+    assert res.returncode == 2 and "--trainer generic" in res.stderr
+
+
+def test_cli_simulate_with_megatron_lm_2021_reproduces_validate_published(tmp_path: Path):
+    # Megatron 2021 Table 1 (Narayanan et al.): the CLI, given the row's model, cluster, plan
+    # and --trainer megatron-lm-2021, prices exactly what validate-published predicts.
+    from paraplan.validate.predict import predict_step_time
+    from paraplan.validate.published import load_published_throughput
+
+    cases = [c for c in load_published_throughput()
+             if c.source_id == "megatron2021_narayanan" and c.skip_reason is None]
+    assert len(cases) == 10
+    for i, case in enumerate(cases):
+        model, cluster = tmp_path / f"m{i}.yaml", tmp_path / f"c{i}.yaml"
+        plan = tmp_path / f"p{i}.json"
+        model.write_text(yaml.safe_dump(case.model.model_dump(mode="json", exclude_none=True)))
+        cluster.write_text(yaml.safe_dump(case.cluster.model_dump(mode="json", exclude_none=True)))
+        plan.write_text(json.dumps(case.plan.model_dump(mode="json", exclude_none=True)))
+        t = case.training
+        res = run("simulate", "--model", str(model), "--cluster", str(cluster), "--plan", str(plan),
+                  "--global-batch", str(t.global_batch_size), "--seq-len", str(t.seq_len),
+                  "--precision", t.precision, "--no-flash-attention", "--trainer",
+                  "megatron-lm-2021", "--format", "json")
+        assert res.returncode == 0, res.stderr
+        predicted, _, _ = predict_step_time(case)
+        assert json.loads(res.stdout)["step_time_s"] == predicted, case.model_name
