@@ -135,7 +135,8 @@ def _row(parameter: str, value: float | int, cluster: ClusterSpec, training: Tra
 def sweep(model: ModelSpec | str, cluster: ClusterSpec | str, training: TrainingSpec, *,
           parameter: str, values: Iterable[float | int],
           plan: ParallelPlan | str | dict[str, Any] | None = None,
-          searcher: str = "exhaustive", progress: Progress | None = None) -> pd.DataFrame:
+          searcher: str = "exhaustive", progress: Progress | None = None,
+          trainer: Any = None) -> pd.DataFrame:
     """Simulate (``plan`` given) or search (``plan=None``) at every value of one knob.
 
     Args:
@@ -150,6 +151,8 @@ def sweep(model: ModelSpec | str, cluster: ClusterSpec | str, training: Training
             search the best plan at each value.
         searcher: The searcher when ``plan`` is None (``paraplan.search.SEARCHERS``).
         progress: Called as ``progress(done, total)`` after each value.
+        trainer: A trainer profile (name, path or TrainerSpec): simulate and search as that
+            trainer runs plans (``paraplan.search.search``); None prices plans as written.
 
     Returns:
         One row per value with the columns of :data:`COLUMNS`: ``parameter``, ``value``,
@@ -184,12 +187,12 @@ def sweep(model: ModelSpec | str, cluster: ClusterSpec | str, training: Training
     for done, value in enumerate(vals, start=1):
         c, t = _variant(spec_cluster, training, parameter, value)
         if fixed is not None:
-            rep = simulate(spec_model, c, t, fixed)
+            rep = simulate(spec_model, c, t, fixed, trainer=trainer)
             rows.append(_row(parameter, value, c, t, rep, "; ".join(rep.reasons), None,
                              fixed.short()))
         else:
             try:
-                result = run_search(spec_model, c, t, searcher=searcher, top=1)
+                result = run_search(spec_model, c, t, searcher=searcher, top=1, trainer=trainer)
             except SpecError as exc:
                 if not str(exc).startswith("no "):  # not "no plan fits / no legal plan"
                     raise

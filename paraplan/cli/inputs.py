@@ -24,20 +24,55 @@ TrainerOpt = Annotated[str | None, typer.Option(
 def read_plan(text: str, field: str = "--plan"):
     """A plan from inline text (tp=8,pp=4,...), a JSON object, or a JSON/YAML file path. A JSON
     file may also be a paraplan plan JSON (``best --export json``, ``export --to json``), a
-    ``simulate`` report or a ``best`` result (its first feasible plan)."""
+    ``simulate`` report or a ``best`` result (its first feasible plan); a trainer config
+    (Megatron args, torchtitan TOML, DeepSpeed JSON, nanotron YAML) gives its plan."""
+    return read_plan_source(text, field)[0]
+
+
+def read_plan_source(text: str, field: str = "--plan") -> tuple[Any, Any]:
+    """(plan, the trainer config it came from or None): ``read_plan`` that also says when the
+    plan was read from a trainer's own config (``paraplan.importers``)."""
+    from paraplan.importers import read_trainer_config
     from paraplan.specs.loaders import _as_path, read_yaml
     from paraplan.specs.plan import parse_plan
 
     looks_like_file = "=" not in text and not text.strip().startswith("{")
     path = _as_path(text) if looks_like_file else None
-    if looks_like_file and path is None and text.lower().endswith((".json", ".yaml", ".yml")):
-        raise SpecError(f"plan file {text!r} not found (give a path to a plan JSON/YAML, or an "
-                        "inline plan such as tp=8,pp=4,mbs=1)", field=field, value=text)
+    if looks_like_file and path is None and text.lower().endswith(
+            (".json", ".yaml", ".yml", ".toml", ".sh")):
+        raise SpecError(f"plan file {text!r} not found (give a path to a plan JSON/YAML, a "
+                        "trainer config, or an inline plan such as tp=8,pp=4,mbs=1)",
+                        field=field, value=text)
     if path is not None and path.is_file():
+        try:
+            content = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"cannot read {str(path)!r}: {exc}", field=field,
+                            value=text) from None
+        imported = read_trainer_config(path, content)
+        if imported is not None:
+            return imported.plan, imported
         if path.suffix.lower() == ".json":
-            return parse_plan(unwrap_plan_json(read_json_file(path, field), text, field))
-        return parse_plan(read_yaml(path, "plan"))
-    return parse_plan(text)
+            return parse_plan(unwrap_plan_json(read_json_file(path, field), text, field)), None
+        return parse_plan(read_yaml(path, "plan")), None
+    return parse_plan(text), None
+
+
+def check_imported(imported: Any, model: Any, training: Any) -> None:
+    """Refuse a trainer config whose batch, sequence, precision or model shape differs from
+    the command line's (name both values)."""
+    for key, flag in (("global_batch_size", "--global-batch"), ("seq_len", "--seq-len"),
+                      ("precision", "--precision")):
+        if key in imported.training and imported.training[key] != getattr(training, key):
+            raise SpecError(f"{imported.path} sets {key}={imported.training[key]!r} but "
+                            f"{flag} is {getattr(training, key)!r}; give {flag} "
+                            f"{imported.training[key]}", field=flag,
+                            value=getattr(training, key))
+    for key, value in imported.model.items():
+        if getattr(model, key) != value:
+            raise SpecError(f"{imported.path} is for a model with {key}={value}, not "
+                            f"{model.name} ({key}={getattr(model, key)})", field="--model",
+                            value=model.name)
 
 
 def read_json_file(path: Path, field: str) -> Any:

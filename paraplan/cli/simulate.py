@@ -14,8 +14,10 @@ from paraplan.cli import goodput
 from paraplan.cli.common import Format, FormatOpt, console, emit_json, write_report_outputs
 from paraplan.cli.inputs import (
     TrainerOpt,
+    check_imported,
     check_output_paths,
     read_plan,
+    read_plan_source,
     read_trainer,
     read_training,
 )
@@ -59,9 +61,14 @@ def simulate(
     check_output_paths(plot=plot, trace=trace)
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
-    spec_plan = read_plan(plan)
+    spec_plan, imported = read_plan_source(plan)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)
-    spec_trainer = read_trainer(trainer)
+    if imported is not None:  # the user's own trainer config: price it as that trainer runs it
+        check_imported(imported, spec_model, training)
+        facts = {k: v for k, v in imported.training.items()
+                 if k not in ("global_batch_size", "seq_len", "precision")}
+        training = training.model_copy(update=facts)
+    spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)
     report = run_simulation(spec_model, spec_cluster, training, spec_plan,
                             trainer=spec_trainer).to_dict()
     gp = goodput.goodput_section(report, spec_model, mtbf_hours, checkpoint_write_s, storage_gbps,

@@ -60,6 +60,10 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     }
     if p.zero_stage == 2:
         par["fsdp_reshard_after_forward"] = "never"
+    elif p.zero_stage == 3 and p.pp > 1:
+        # "default" keeps parameters gathered with pipelining (parallelize.py:
+        # reshard_after_forward = not pp_enabled), which is ZeRO-2; ZeRO-3 must say so.
+        par["fsdp_reshard_after_forward"] = "always"
     if m.is_moe:
         par["expert_tensor_parallel_degree"] = p.expert_tp
     if p.tp_comm_overlap:

@@ -1,0 +1,48 @@
+"""Trainer configs read back into plans: the configs ``paraplan export`` writes (and a user's
+own), so ``paraplan simulate --plan run.sh`` prices the config a user runs today.
+
+``read_trainer_config(path)`` recognises a Megatron-LM launch (a ``MEGATRON_ARGS=(...)`` array
+or ``--flag value`` text), a torchtitan TOML, a DeepSpeed config JSON and a nanotron YAML, and
+returns an :class:`ImportedConfig` (None for any other file). Inputs are data: ``shlex``,
+``tomllib``, ``json`` and ``yaml.safe_load`` only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from paraplan.importers.common import ImportedConfig, ImportError_
+from paraplan.importers.deepspeed import looks_like_deepspeed, read_deepspeed
+from paraplan.importers.megatron import looks_like_megatron, read_megatron
+from paraplan.importers.nanotron import looks_like_nanotron, read_nanotron
+from paraplan.importers.torchtitan import looks_like_torchtitan, parse_toml, read_torchtitan
+
+
+def read_trainer_config(path: Path, text: str) -> ImportedConfig | None:
+    """The plan of a trainer config file (its ``text``), or None when it is not one."""
+    suffix = path.suffix.lower()
+    where = str(path)
+    if suffix in (".sh", ".bash", ".args", ".txt") or looks_like_megatron(text):
+        return read_megatron(text, where) if looks_like_megatron(text) else None
+    if suffix == ".toml":
+        data = parse_toml(text)
+        return read_torchtitan(data, where) if looks_like_torchtitan(data) else None
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return read_deepspeed(data, where) if looks_like_deepspeed(data) else None
+    if suffix in (".yaml", ".yml"):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            return None
+        return read_nanotron(data, where) if looks_like_nanotron(data) else None
+    return None
+
+
+__all__ = ["ImportError_", "ImportedConfig", "read_trainer_config"]

@@ -1,0 +1,151 @@
+"""Read a Megatron-LM launch (a ``MEGATRON_ARGS=(...)`` bash array as ``paraplan export --to
+megatron`` writes it, or any text of ``--flag value`` arguments) back into a plan.
+
+Flags as ``megatron/training/arguments.py`` (core_v0.15) defines them: parallel sizes,
+``--sequence-parallel``, interleaving (``--num-layers-per-virtual-pipeline-stage`` or
+``--num-virtual-stages-per-pipeline-rank``), uneven splits (``--decoder-first/last-pipeline-
+num-layers``, ``--pipeline-model-parallel-layout``), batch, recompute, distributed optimizer /
+Megatron-FSDP, the overlaps (absent flag = off, as in Megatron), precision and dropout
+(defaults 0.1).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any
+
+from paraplan.importers.common import ImportedConfig, ImportError_, as_int
+from paraplan.specs.plan import ParallelPlan
+
+SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+"""--data-parallel-sharding-strategy -> ZeRO stage (Megatron-FSDP)."""
+
+
+def looks_like_megatron(text: str) -> bool:
+    return "MEGATRON_ARGS=(" in text or "--tensor-model-parallel-size" in text
+
+
+def flags_of(text: str) -> dict[str, list[str]]:
+    """``--flag`` -> its values, from a MEGATRON_ARGS array (or the whole text)."""
+    m = re.search(r"MEGATRON_ARGS=\((.*?)\)", text, re.S)
+    body = m.group(1) if m else text
+    try:
+        tokens = shlex.split(body, comments=True)
+    except ValueError as exc:
+        raise ImportError_(f"cannot split the Megatron arguments: {exc}",
+                           field="MEGATRON_ARGS") from None
+    flags: dict[str, list[str]] = {}
+    current = None
+    for raw in tokens:
+        tok = re.sub(r"^[A-Za-z_][A-Za-z0-9_]*=\(", "", raw).strip("()")
+        if tok.startswith("--"):
+            name, eq, value = tok.partition("=")
+            current = name
+            flags[current] = [value] if eq else []
+            if eq:
+                current = None
+        elif current is not None and tok:
+            flags[current].append(tok)  # one value per flag; stray words are not values
+            current = None
+    return flags
+
+
+def _one(flags: dict[str, list[str]], name: str, default: Any = None) -> Any:
+    values = flags.get(name)
+    if values is None:
+        return default
+    if len(values) != 1:
+        raise ImportError_(f"{name} needs one value (got {values})", field=name)
+    return values[0]
+
+
+def _layout(text: str) -> list[int]:
+    """Transformer layers per chunk of a --pipeline-model-parallel-layout ('Et|tt|ttL')."""
+    out = []
+    for segment in text.split("|"):
+        body = segment.replace("E", "").replace("L", "")
+        if set(body) - {"t"}:
+            raise ImportError_(f"--pipeline-model-parallel-layout segment {segment!r} is not "
+                               "E/t/L only (MTP and repeat syntax are not read)",
+                               field="--pipeline-model-parallel-layout", value=text)
+        out.append(len(body))
+    return out
+
+
+def read_megatron(text: str, path: str = "") -> ImportedConfig:
+    """The plan of a Megatron launch."""
+    f = flags_of(text)
+    size = lambda name, default=1: as_int(_one(f, name, default), name)  # noqa: E731
+    tp, pp, cp = (size(n) for n in ("--tensor-model-parallel-size",
+                                    "--pipeline-model-parallel-size", "--context-parallel-size"))
+    ep = size("--expert-model-parallel-size")
+    etp = _one(f, "--expert-tensor-parallel-size")
+    layers = _one(f, "--num-layers")
+    model = {} if layers is None else {"num_layers": as_int(layers, "--num-layers")}
+    for flag, key in (("--hidden-size", "hidden_size"),
+                      ("--num-attention-heads", "num_attention_heads")):
+        if flag in f:
+            model[key] = as_int(_one(f, flag), flag)
+    vpp, split = 1, None
+    if "--num-virtual-stages-per-pipeline-rank" in f:
+        vpp = size("--num-virtual-stages-per-pipeline-rank")
+    elif "--num-layers-per-virtual-pipeline-stage" in f:
+        per = size("--num-layers-per-virtual-pipeline-stage")
+        if "num_layers" not in model:
+            raise ImportError_("--num-layers-per-virtual-pipeline-stage needs --num-layers",
+                               field="--num-layers")
+        vpp = model["num_layers"] // (pp * per)
+    if "--pipeline-model-parallel-layout" in f:
+        split = _layout(_one(f, "--pipeline-model-parallel-layout"))
+        vpp = max(1, len(split) // pp)
+    elif "--decoder-first-pipeline-num-layers" in f or "--decoder-last-pipeline-num-layers" in f:
+        if "num_layers" not in model or pp < 2:
+            raise ImportError_("--decoder-first/last-pipeline-num-layers need --num-layers and "
+                               "pp > 1", field="--decoder-first-pipeline-num-layers")
+        first = as_int(_one(f, "--decoder-first-pipeline-num-layers", 0), "first", 0)
+        last = as_int(_one(f, "--decoder-last-pipeline-num-layers", 0), "last", 0)
+        rest = model["num_layers"] - first - last
+        if pp == 2:
+            split = [first, last]
+        elif rest % (pp - 2):
+            raise ImportError_(f"{rest} middle layers do not split over {pp - 2} stages",
+                               field="--decoder-first-pipeline-num-layers")
+        else:
+            split = [first] + [rest // (pp - 2)] * (pp - 2) + [last]
+    rc = {"full": "full", "selective": "selective"}.get(
+        _one(f, "--recompute-granularity", "none"), "none")
+    if "--recompute-activations" in f:
+        rc = "selective"
+    zero = 0
+    if "--use-distributed-optimizer" in f:
+        zero = 1
+    if "--use-megatron-fsdp" in f:
+        strategy = _one(f, "--data-parallel-sharding-strategy", "no_shard")
+        if strategy not in SHARDING:
+            raise ImportError_(f"--data-parallel-sharding-strategy {strategy!r} is unknown",
+                               field="--data-parallel-sharding-strategy", value=strategy,
+                               allowed=list(SHARDING))
+        zero = max(zero, SHARDING[strategy])
+    if "--use-torch-fsdp2" in f:
+        zero = 3
+    plan = ParallelPlan(
+        tp=tp, pp=pp, cp=cp, ep=ep, etp=None if etp is None or int(etp) == tp else int(etp),
+        sequence_parallel="--sequence-parallel" in f and tp > 1, zero_stage=zero,
+        micro_batch_size=size("--micro-batch-size"), virtual_stages=vpp,
+        schedule="interleaved" if vpp > 1 else "1f1b", recompute=rc, layers_per_stage=split,
+        overlap_grad_reduce="--overlap-grad-reduce" in f,
+        tp_comm_overlap="--tp-comm-overlap" in f)
+    training: dict[str, Any] = {}
+    if "--global-batch-size" in f:
+        training["global_batch_size"] = size("--global-batch-size")
+    if "--seq-length" in f:
+        training["seq_len"] = size("--seq-length")
+    training["precision"] = ("fp8" if "--fp8-format" in f else "bf16" if "--bf16" in f
+                             else "fp16" if "--fp16" in f else "fp32")
+    hidden = float(_one(f, "--hidden-dropout", 0.1))
+    attention = float(_one(f, "--attention-dropout", 0.1))
+    training["dropout"] = hidden > 0 or attention > 0
+    if "--grad-reduce-in-bf16" in f:
+        training["grad_reduce_fp32"] = False
+    return ImportedConfig("megatron-core", plan, training, model, path)

@@ -1,0 +1,120 @@
+"""Trainer configs read back into plans: export then import gives the same plan and the same
+predicted step time, for all four trainers on interleaved, CP, EP and uneven plans; a user's
+own config (written by hand) is read too; bad configs are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paraplan import TrainingSpec, load_cluster, load_model, parse_plan, simulate
+from paraplan.export import export_context, export_text
+from paraplan.importers import ImportError_, read_trainer_config
+from paraplan.simulator.step import plan_chunks
+from paraplan.specs import load_trainer
+from paraplan.specs.trainer import apply_trainer
+from tests.test_cli import run
+
+SUFFIX = {"megatron": ".sh", "torchtitan": ".toml", "deepspeed": ".json", "nanotron": ".yaml"}
+TRAINER = {"megatron": "megatron-core", "torchtitan": "torchtitan", "deepspeed": "deepspeed",
+           "nanotron": "nanotron"}
+# (format, model, cluster, nodes, global batch, seq, plan)
+CASES = [
+    ("megatron", "llama3-70b", "dgx-h100", 32, 1024, 8192,
+     "tp=8,pp=4,vpp=5,schedule=interleaved,sp=1,rc=full,mbs=1"),
+    ("megatron", "mixtral-8x7b", "dgx-h100", 4, 256, 4096, "tp=2,pp=2,ep=8,zero=1,sp=1,mbs=1"),
+    ("megatron", "llama2-7b", "dgx-a100-80gb", 3, 96, 4096, "tp=2,pp=4,mbs=1,layers=7/9/9/7"),
+    ("megatron", "llama2-7b", "dgx-a100-80gb", 3, 96, 4096, "tp=2,pp=3,mbs=1,layers=10/11/11"),
+    ("megatron", "llama3-8b", "dgx-h100", 2, 64, 16384, "tp=2,cp=4,sp=1,zero=3,mbs=1,rc=selective"),
+    ("torchtitan", "llama3-70b", "dgx-h100", 32, 1024, 8192,
+     "tp=8,pp=4,vpp=5,schedule=interleaved,sp=1,rc=full,mbs=1,zero=3"),
+    ("torchtitan", "mixtral-8x7b", "dgx-h100", 4, 256, 4096, "tp=2,ep=8,zero=3,sp=1,mbs=1,rc=op"),
+    ("torchtitan", "llama2-7b", "dgx-a100-80gb", 3, 96, 4096,
+     "tp=2,sp=1,pp=4,mbs=1,layers=7/9/9/7,zero=2"),
+    ("torchtitan", "llama3-8b", "dgx-h100", 2, 64, 16384, "tp=2,cp=4,sp=1,zero=2,mbs=1"),
+    ("deepspeed", "llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,pp=2,mbs=1,rc=full"),
+    ("deepspeed", "llama3-8b", "dgx-h100", 2, 128, 4096, "zero=3,mbs=2"),
+    ("nanotron", "llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,sp=1,pp=2,zero=1,mbs=1,rc=full"),
+    ("nanotron", "llama3-8b", "dgx-h100", 2, 64, 16384, "tp=2,cp=4,mbs=1,schedule=gpipe,pp=2"),
+]
+STRUCTURE = ("tp", "pp", "cp", "ep", "expert_tp", "sequence_parallel", "zero_stage",
+             "micro_batch_size", "schedule", "virtual_stages", "recompute", "tp_comm_overlap",
+             "overlap_grad_reduce")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[6]}" for c in CASES])
+def test_export_then_import_gives_the_same_plan_and_step_time(case, tmp_path: Path):
+    fmt, model_name, cluster_name, nodes, gbs, seq, text = case
+    model, cluster = load_model(model_name), load_cluster(cluster_name, nodes=nodes)
+    trainer = load_trainer(TRAINER[fmt])
+    training, plan = apply_trainer(trainer, TrainingSpec(global_batch_size=gbs, seq_len=seq),
+                                   parse_plan(text))
+    ctx = export_context(model, training, plan, cluster=cluster)
+    before = simulate(model, cluster, training, plan, trainer=trainer)
+    assert before.feasible or before.step_time_s is None, before.reasons
+    path = tmp_path / f"run{SUFFIX[fmt]}"
+    path.write_text(export_text(fmt, ctx))
+    imported = read_trainer_config(path, path.read_text())
+    assert imported is not None and imported.trainer == trainer.name
+    back = imported.plan
+    for field in STRUCTURE:
+        assert getattr(back, field) == getattr(ctx.plan, field), (field, text)
+    assert back.resolved_dp(cluster.num_gpus) == ctx.dp
+    assert plan_chunks(model, back) == plan_chunks(model, ctx.plan)
+    again = training.model_copy(update={k: v for k, v in imported.training.items()
+                                        if k not in ("global_batch_size", "seq_len")})
+    assert imported.training.get("global_batch_size", gbs) == gbs
+    assert imported.training.get("seq_len", seq) == seq
+    assert imported.training.get("precision", training.precision) == training.precision
+    after = simulate(model, cluster, again, back, trainer=trainer)
+    assert after.step_time_s == before.step_time_s and after.memory_gb == before.memory_gb
+
+
+def test_a_users_own_megatron_launch_is_priced_as_written(tmp_path: Path):
+    # No overlap flags and Megatron's default dropout: slower than the same plan as exported.
+    script = tmp_path / "train.sh"
+    script.write_text(
+        "#!/bin/bash\nGPT_ARGS=(--num-layers 32 --hidden-size 4096 --num-attention-heads 32)\n"
+        "torchrun pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"
+        " --sequence-parallel --micro-batch-size 1 --global-batch-size 128 --seq-length 4096 "
+        "--recompute-granularity full --bf16  # a comment\n")
+    imported = read_trainer_config(script, script.read_text())
+    assert imported is not None and imported.trainer == "megatron-core"
+    p = imported.plan
+    assert (p.tp, p.pp, p.sequence_parallel, p.recompute) == (2, 2, True, "full")
+    assert not p.tp_comm_overlap and not p.overlap_grad_reduce
+    assert imported.training["dropout"] and imported.model["num_layers"] == 32
+    args = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2", "--global-batch",
+            "128", "--seq-len", "4096", "--format", "json")
+    own = json.loads(run("simulate", "--plan", str(script), *args).stdout)
+    tuned = json.loads(run("simulate", "--plan", "tp=2,pp=2,sp=1,mbs=1,rc=full", *args).stdout)
+    assert own["trainer"] == "megatron-core" and own["step_time_s"] > tuned["step_time_s"]
+    res = run("simulate", "--plan", str(script), *args[:-2], "--seq-len", "8192")
+    assert res.returncode == 2 and "seq_len=4096" in res.stderr
+    res = run("simulate", "--plan", str(script), "--model", "llama3-70b", *args[2:])
+    assert res.returncode == 2 and "num_layers=32" in res.stderr
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    ("a.toml", "[training]\nseq_len = 1\n[parallelism]\ntensor_parallel_degree = true\n",
+     "must be an integer"),
+    ("a.toml", "[training]\n[parallelism]\n[activation_checkpoint]\nmode = \"selective\"\n",
+     "every n-th layer"),
+    ("a.json", json.dumps({"zero_optimization": {"stage": 7}}), "must be 0-3"),
+    ("a.yaml", "parallelism: {dp: 1, tp: 1}\ntokens: {micro_batch_size: 1}\n", "has no 'pp'"),
+    ("a.sh", "MEGATRON_ARGS=(--tensor-model-parallel-size 2 --use-megatron-fsdp "
+     "--data-parallel-sharding-strategy sideways)", "is unknown"),
+])
+def test_bad_trainer_configs_are_clear_errors(name, text, needle, tmp_path: Path):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ImportError_, match=needle):
+        read_trainer_config(path, text)
+
+
+def test_other_files_are_not_trainer_configs(tmp_path: Path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"tp": 2}))
+    assert read_trainer_config(path, path.read_text()) is None
