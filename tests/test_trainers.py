@@ -269,3 +269,46 @@ def test_cli_simulate_with_megatron_lm_2021_reproduces_validate_published(tmp_pa
         assert res.returncode == 0, res.stderr
         predicted, _, _ = predict_step_time(case)
         assert json.loads(res.stdout)["step_time_s"] == predicted, case.model_name
+
+
+def test_validate_published_takes_an_unknown_source_with_a_trainer_column(tmp_path: Path):
+    # A user's own runs: an unknown source_id is predicted when its metric is a step time or
+    # tokens/s (no FLOP formula needed); the trainer column picks the profile.
+    header = ("source_id,model_name,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,"
+              "activation,gpu_type,gpu_mem_gb,num_gpus,gpus_per_node,tp,pp,dp,sequence_parallel,"
+              "zero_stage,recompute,micro_batch,global_batch,precision,measured_metric,"
+              "measured_value,trainer")
+    row = ("my_lab,Llama-3-8B,32,4096,32,8,14336,128256,8192,swiglu,H100-SXM,80,16,8,2,1,8,1,"
+           "1,none,1,128,bf16,{metric},{value},{trainer}")
+    rows = [row.format(metric="step_time_s", value="9.5", trainer="torchtitan"),
+            row.format(metric="tokens_per_s_per_gpu", value="7000", trainer="megatron-core"),
+            row.format(metric="mfu", value="40", trainer="megatron-core")]
+    path = tmp_path / "mine.csv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    res = run("validate-published", str(path), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    status = [r["status"] for r in data["rows"]]
+    assert status[:2] == ["ok", "ok"] and status[2] == "skipped"  # mfu needs a FLOP formula
+    assert [r["trainer"] for r in data["rows"][:2]] == ["torchtitan", "megatron-core"]
+    assert set(data["by_trainer"]) == {"torchtitan", "megatron-core"}
+
+
+def test_explain_suggests_only_what_the_trainer_can_run():
+    from paraplan.explain import explain
+
+    model, cluster = load_model("gpt3-xl"), load_cluster("dgx-h100", nodes=2)
+    training = TrainingSpec(global_batch_size=64, seq_len=2048)
+    plan = parse_plan("pp=4,mbs=1")
+    for trainer in ("megatron-core", "torchtitan", "nanotron"):
+        spec = load_trainer(trainer)
+        data = explain(model, cluster, training, plan, top=50, trainer=spec)
+        for alt in data["alternatives"]:
+            alt_plan = parse_plan(alt["plan_fields"])
+            assert not trainer_reasons(spec, model, training, alt_plan), (trainer, alt["change"])
+    # The generic space suggests a parameter server even on InfiniBand DGX nodes; a trainer
+    # that sends gradients through its collectives never sees that suggestion.
+    changes = lambda t: [a["change"] for a in  # noqa: E731
+                         explain(model, cluster, training, plan, top=50, trainer=t)["alternatives"]]
+    assert any("sharded_ps" in c for c in changes("generic"))
+    assert not any("sharded_ps" in c for c in changes("megatron-core"))
