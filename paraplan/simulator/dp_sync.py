@@ -14,6 +14,13 @@ from paraplan.specs.training import TrainingSpec
 
 def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
                        plan: ParallelPlan, training: TrainingSpec, count: float) -> float:
+    """``grad_sync_parts`` summed: the whole synchronisation of one step, seconds."""
+    return sum(grad_sync_parts(topo, group, model, plan, training, count))
+
+
+def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
+                    plan: ParallelPlan, training: TrainingSpec, count: float
+                    ) -> tuple[float, float]:
     """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
     in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
 
@@ -25,9 +32,12 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
     the library's measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
     reduce-scatter is ~3x slower than its all-reduce, NCCL's kinds are even).
+
+    Returns (gradient part, parameter part): the all-reduce and 0 for DDP, the reduce-scatter
+    and the all-gather for ZeRO-1/2 (ZeRO-2 repeats the first every micro-batch: step.py).
     """
     if count <= 0 or len(group) <= 1:
-        return 0.0
+        return 0.0, 0.0
     buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
     grad_bytes = effective_grad_bytes(model, training, plan)
 
@@ -39,7 +49,7 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
 
     if plan.zero_stage in (1, 2):
-        return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter")
-                + 0.5 * all_reduce(count * training.compute_bytes)
+        return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter"),
+                0.5 * all_reduce(count * training.compute_bytes)
                 / coll.kind_efficiency(topo, "all_gather"))
-    return all_reduce(count * grad_bytes)
+    return all_reduce(count * grad_bytes), 0.0

@@ -19,7 +19,7 @@ import numpy as np
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device, optimizer_step_time
-from paraplan.simulator.dp_sync import bucketed_grad_sync
+from paraplan.simulator.dp_sync import bucketed_grad_sync, grad_sync_parts
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.layer import (
     CE_VALUES_PER_TOKEN,
@@ -285,14 +285,27 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             z3 = m * (max(0.0, per_mb - compute_mb)
                       + min(per_mb, compute_mb) * device.nccl_slowdown)
             return 0.0, z3 + gather / units
-        sync = bucketed_grad_sync(topo, dp_group, model, plan, training, dense)
+        grads, params = grad_sync_parts(topo, dp_group, model, plan, training, dense)
         if experts:
-            sync += bucketed_grad_sync(topo, edp_group, model, plan, training, experts)
+            eg, ep_ = grad_sync_parts(topo, edp_group, model, plan, training, experts)
+            grads, params = grads + eg, params + ep_
         buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
-        out = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
-        if plan.overlap_grad_reduce:
-            out += min(sync, window) * device.nccl_slowdown
+
+        def exposed(sync: float) -> float:
+            out = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
+            if plan.overlap_grad_reduce:
+                out += min(sync, window) * device.nccl_slowdown
+            return out
+
+        # ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
+        # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2;
+        # FSDP with reshard_after_forward=False and no no_sync): m reduce-scatters, each
+        # hidden only behind its own micro-batch's backward, then one parameter all-gather.
+        if plan.zero_stage == 2 and m > 1:
+            out = (m - 1) * exposed(grads) + exposed(grads + params)
+        else:
+            out = exposed(grads + params)
         return out / plan.dp_sync_interval, 0.0
 
     dp_ranks = tuple(t * i for i in range(cp * dp))

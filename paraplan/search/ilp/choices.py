@@ -61,14 +61,16 @@ def tp_ok(model: ModelSpec, tp: int) -> bool:
 def zero_stages(fix: dict[str, Any], dp: int) -> list[int]:
     """ZeRO stages worth solving for ``dp`` replicas.
 
-    ZeRO-1 and -2 move the same bytes as an all-reduce (reduce-scatter + all-gather;
-    Rajbhandari et al. 2020, "ZeRO", communication analysis) and ``simulate`` prices them
-    alike, while they shard more memory and shorten the optimizer step: ZeRO-2 dominates 0
-    and 1. With dp = 1 nothing is sharded, so only ZeRO-0 is kept. ``fix`` overrides.
+    ZeRO-1 moves the same bytes as an all-reduce (reduce-scatter + all-gather; Rajbhandari
+    et al. 2020, "ZeRO", communication analysis) and ``simulate`` prices them alike, while it
+    shards more memory and shortens the optimizer step: ZeRO-1 dominates 0. ZeRO-2 shards
+    the gradients too but, with several micro-batches, reduce-scatters them every micro-batch
+    (``simulator.step``), so it dominates nothing: 1, 2 and 3 are all solved. With dp = 1
+    nothing is sharded, so only ZeRO-0 is kept. ``fix`` overrides.
     """
     if fix.get("zero_stage") is not None:
         return [int(fix["zero_stage"])]
-    return [2, 3] if dp > 1 else [0]
+    return [1, 2, 3] if dp > 1 else [0]
 
 
 def recomputes(ctx: Ctx, fix: dict[str, Any], base: ParallelPlan) -> list[str]:

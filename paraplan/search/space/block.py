@@ -214,28 +214,38 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     z12 = (z == 1) | (z == 2)
     eff_rs, eff_ag = ctx.kind_eff
 
-    def _reduce(ar_l: np.ndarray, count: np.ndarray) -> np.ndarray:
+    def _reduce(ar_l: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
         buckets = count / DDP_BUCKET_ELEMENTS
         grads = _chunked(ar_l, count * gb, buckets)
-        return np.where(z12, 0.5 * grads / eff_rs
-                        + 0.5 * _chunked(ar_l, count * cb, buckets) / eff_ag, grads)
+        return (np.where(z12, 0.5 * grads / eff_rs, grads),
+                np.where(z12, 0.5 * _chunked(ar_l, count * cb, buckets) / eff_ag, 0.0))
 
-    sync = _reduce(ctx.ar[g], dense0)
+    g_part, p_part = _reduce(ctx.ar[g], dense0)
     if model.is_moe:
         e = ctx.einv[idx]
         has = exp0 != 0
         gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
         scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
-        sync = sync + np.where(has, _reduce(ctx.ear[e], exp0), 0.0)
+        eg, ep_ = _reduce(ctx.ear[e], exp0)
+        g_part = g_part + np.where(has, eg, 0.0)
+        p_part = p_part + np.where(has, ep_, 0.0)
+    sync = g_part + p_part
     per_mb = 2 * gather + scatter
     z3_exp = m * (np.maximum(0.0, per_mb - fb_c) + np.minimum(per_mb, fb_c) * ctx.slow) \
         + gather / units
     if ctx.overlap:
         window = b[:, 0]
         buckets = np.maximum(1.0, (dense0 + exp0) / DDP_BUCKET_ELEMENTS)
-        dpt = np.maximum(sync - window, sync / buckets) + np.minimum(sync, window) * ctx.slow
+
+        def exposed(x: np.ndarray) -> np.ndarray:
+            return np.maximum(x - window, x / buckets) + np.minimum(x, window) * ctx.slow
     else:
-        dpt = sync
+        def exposed(x: np.ndarray) -> np.ndarray:
+            return x
+    # ZeRO-2 with m > 1: a reduce-scatter every micro-batch (simulator.step).
+    z2m = (z == 2) & (m > 1)
+    dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
     dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
     zero3 = np.where(need & z3, z3_exp, 0.0)
     shard = np.where(z >= 1, (dp * cp).astype(float), 1.0)
