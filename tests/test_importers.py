@@ -41,7 +41,7 @@ CASES = [
 ]
 STRUCTURE = ("tp", "pp", "cp", "ep", "expert_tp", "sequence_parallel", "zero_stage",
              "micro_batch_size", "schedule", "virtual_stages", "recompute", "tp_comm_overlap",
-             "overlap_grad_reduce")
+             "overlap_grad_reduce", "overlap_p2p_comm")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[6]}" for c in CASES])

@@ -159,6 +159,8 @@ def _data_parallel(ctx: ExportContext) -> list[str]:
         out.append("--overlap-grad-reduce")
         if p.zero_stage == 1:
             out.append("--overlap-param-gather")
+    if p.virtual_stages > 1 and not p.overlap_p2p_comm:
+        out.append("--no-overlap-p2p-communication")  # overlap is Megatron's default
     if p.tp_comm_overlap:
         if not p.sequence_parallel:
             raise refuse("tp_comm_overlap", True, TRAINER, "--tp-comm-overlap needs "

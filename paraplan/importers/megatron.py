@@ -135,6 +135,7 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
         micro_batch_size=size("--micro-batch-size"), virtual_stages=vpp,
         schedule="interleaved" if vpp > 1 else "1f1b", recompute=rc, layers_per_stage=split,
         overlap_grad_reduce="--overlap-grad-reduce" in f,
+        overlap_p2p_comm="--no-overlap-p2p-communication" not in f,
         tp_comm_overlap="--tp-comm-overlap" in f)
     training: dict[str, Any] = {}
     if "--global-batch-size" in f:

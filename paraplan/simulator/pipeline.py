@@ -377,6 +377,14 @@ def pipeline_time(
     return PipelineTimes(total, compute, bubble, total - base, bubble / total if total else 0.0)
 
 
+def overlapped_p2p(t_p2p_s: float, window_s: float, nccl_slowdown: float) -> float:
+    """Seconds one pipeline send costs when it overlaps a chunk's compute of ``window_s``
+    (Megatron's interleaved schedule posts the next send/receive before computing and waits
+    after): what the window cannot hide, plus the SMs NCCL takes from the overlapped compute
+    (``nccl_slowdown``, as for every overlapped collective)."""
+    return max(0.0, t_p2p_s - window_s) + min(t_p2p_s, window_s) * nccl_slowdown
+
+
 def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1) -> float:
     """Peak micro-batches with live activations on ``stage``, in whole-stage micro-batches.
 

@@ -41,7 +41,12 @@ from paraplan.simulator.memory import (
     params_per_stage,
     pipeline_memory,
 )
-from paraplan.simulator.pipeline import inflight_microbatches, pipeline_time, simulate_pipeline
+from paraplan.simulator.pipeline import (
+    inflight_microbatches,
+    overlapped_p2p,
+    pipeline_time,
+    simulate_pipeline,
+)
 from paraplan.simulator.report import (
     MEMORY_KEYS,
     STEP_PARTS,
@@ -232,6 +237,9 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         # replica's every boundary sends at once and the slowest pair paces the pipeline, on
         # the GPUs the ranks are placed on.
         t_p2p = coll.pipeline_p2p(topo, span_ranks, p, t, act_bytes / t, placement=place)
+        if v > 1 and plan.overlap_p2p_comm:
+            t_p2p = overlapped_p2p(t_p2p, min(t_f) / v,
+                                   max(d.nccl_slowdown for d in stage_device))
     if len(set(chunks)) == 1:
         # Even split (given or implied: the same split always gets the same time); stages
         # differ only by the embedding / LM head. Closed form on the mean

@@ -58,6 +58,11 @@ class ParallelPlan(StrictModel):
     tp_comm_overlap: bool = False
     """Overlap TP collectives with the adjacent GEMMs (torchtitan async TP, Megatron-Core
     --tp-comm-overlap with Transformer Engine userbuffers)."""
+    overlap_p2p_comm: bool = False
+    """Interleaved schedules: each pipeline send/receive overlapped with the next chunk's
+    compute (Megatron's default, ``--no-overlap-p2p-communication`` turns it off:
+    megatron/training/arguments.py). Only what one chunk's forward cannot hide stays exposed.
+    No effect without interleaving."""
     overlap_grad_reduce: bool = True
     """DP gradient reduction overlaps the backward pass (Megatron-Core --overlap-grad-reduce,
     PyTorch DDP/FSDP buckets). False for frameworks that reduce after the pipeline flush

@@ -82,7 +82,7 @@ class TrainerRuns(StrictModel):
     overlap_param_gather: bool = False
     """Sharded parameters all-gathered ahead of the forward pass (recorded, not yet priced)."""
     overlap_p2p: bool = False
-    """Interleaved-schedule pipeline sends overlapped with compute (recorded, not yet priced)."""
+    """Interleaved-schedule pipeline sends overlapped with compute (``plan.overlap_p2p_comm``)."""
     grad_reduce_fp32: bool | Literal["bf16"]
     """Gradients reduced across DP ranks in fp32 (4 bytes per value); ``bf16``: when training
     in bf16 (or fp8 with bf16 parameters), as Megatron promotes bf16 reductions to fp32."""
@@ -191,6 +191,8 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
     p_update = {}
     if "overlap_grad_reduce" not in plan.model_fields_set:
         p_update["overlap_grad_reduce"] = runs.overlap_grad_reduce
+    if "overlap_p2p_comm" not in plan.model_fields_set:
+        p_update["overlap_p2p_comm"] = runs.overlap_p2p
     if "tp_comm_overlap" not in plan.model_fields_set:
         p_update["tp_comm_overlap"] = tp_overlap(runs, plan.tp, plan.sequence_parallel)
     return trainer_training(trainer, training), plan.model_copy(update=p_update)

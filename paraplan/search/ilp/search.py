@@ -154,6 +154,7 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
     constants = {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
     if trainer is not None:  # every ILP layout runs sequence parallelism with tp > 1
         constants.setdefault("overlap_grad_reduce", trainer.runs.overlap_grad_reduce)
+        constants.setdefault("overlap_p2p_comm", trainer.runs.overlap_p2p)
         constants.setdefault("tp_comm_overlap", trainer.runs.tp_comm_overlap)
     ctx = make_context(model, cluster, training, constants)
     choices = enumerate_choices(ctx, fixed)

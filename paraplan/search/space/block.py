@@ -78,6 +78,8 @@ class Context:
     ers: np.ndarray
     edp: np.ndarray
     t_p2p: np.ndarray
+    overlap_p2p: bool = False
+    """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
     kind_eff: tuple[float, float] = (1.0, 1.0)
     """Library speed on reduce-scatter and all-gather (``ClusterSpec.collective_efficiency``)."""
 
@@ -194,6 +196,9 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     crit = np.argmax(fb, axis=1)
     mean_f, mean_b, mean_w = f @ cnt / p, b @ cnt / p, w @ cnt / p
     cc = ctx.t_p2p[idx] if p > 1 else np.zeros(len(idx))
+    if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
+        win = f.min(axis=1) / v
+        cc = np.maximum(0.0, cc - win) + np.minimum(cc, win) * ctx.slow
     total, base, odd = _pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
                                       ctx.exact_interleaved)
     fb_c = fb[rows, crit]

@@ -115,6 +115,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if trainer is not None:
         check_trainer_inputs(trainer, model, training, constants)
         constants.setdefault("overlap_grad_reduce", trainer.runs.overlap_grad_reduce)
+        constants.setdefault("overlap_p2p_comm", trainer.runs.overlap_p2p)
     rejected: Counter = Counter()
 
     tps = _allowed(fix, "tp", divisors(n) if cross else divisors(gpn))

@@ -168,7 +168,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                   overlap=overlap, interval=interval, capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
                   ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
-                  edp=edp, t_p2p=t_p2p,
+                  edp=edp, t_p2p=t_p2p, overlap_p2p=bool(const.get("overlap_p2p_comm", False)),
                   kind_eff=(kind_efficiency(topo, "reduce_scatter"),
                             kind_efficiency(topo, "all_gather")))
     pv, pvinv = key_index([c["pp"], c["v"]])

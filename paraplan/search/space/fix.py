@@ -12,14 +12,15 @@ from paraplan.specs.plan import ALIASES, ParallelPlan, _coerce_inline
 
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "op", "full")
 # Plan fields that are the same for every plan of a search (set with --fix, else defaults).
-CONSTANT_FIELDS = ("tp_comm_overlap", "overlap_grad_reduce", "dp_sync_interval",
+CONSTANT_FIELDS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_p2p_comm",
+                   "dp_sync_interval",
                    "grad_compression_ratio", "allow_cross_node_tp", "grad_compression",
                    "compression_rank", "compression_bits", "compression_topk",
                    "pseudo_grad_bits", "activation_compression_bits")
 # The relaxed-synchronization knobs among them (simulator.compression prices them).
 COMPRESSION_FIELDS = tuple(f for f in CONSTANT_FIELDS
                            if f not in ("tp_comm_overlap", "overlap_grad_reduce",
-                                        "allow_cross_node_tp"))
+                                        "overlap_p2p_comm", "allow_cross_node_tp"))
 SEARCHED_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "sequence_parallel", "zero_stage",
                    "micro_batch_size", "schedule", "virtual_stages", "recompute")
 
