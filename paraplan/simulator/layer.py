@@ -87,7 +87,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
         kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
-        ring = topo.ring(on(tuple(t * i for i in range(cp))))
+        ring = topo.p2p_ring(on(tuple(t * i for i in range(cp))))
         step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
                         ring.latency_s)
         cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)

@@ -282,6 +282,24 @@ class Topology:
         return RingCost(n, float(bw[worst]), float(lat.max()), TIERS[int(tier.max())],
                         int(nodes.size), k_max)
 
+    def p2p_ring(self, group: Sequence[int]) -> RingCost:
+        """Bottleneck of a ring of point-to-point sends, each rank to the next (context
+        parallelism's ring attention: TransformerEngine's ``cp_comm_type="p2p"`` passes K/V with
+        ``batch_isend_irecv``). Unlike a collective's ring (``ring``), whose channels NCCL
+        spreads over every NIC of the node, one send between two GPUs crosses nodes through
+        the NIC nearest the sender (NCCL's per-peer network channels share it), so an
+        inter-node edge gets one GPU's NIC share however many members the node holds."""
+        return self._memoized("p2p_ring", group, self._p2p_ring)  # type: ignore[return-value]
+
+    def _p2p_ring(self, group: Sequence[int]) -> RingCost:
+        arr = self._group(group)
+        if arr.size == 1:
+            return RingCost(1, float("inf"), 0.0, "self", 1, 1)
+        bw, lat, tier = self._pairs(arr, np.roll(arr, -1), shared=True)
+        worst = int(np.argmin(bw))
+        return RingCost(int(arr.size), float(bw[worst]), float(lat.max()),
+                        TIERS[int(tier.max())], int(np.unique(self.node_of_gpu[arr]).size), 1)
+
     def hierarchical(self, group: Sequence[int]) -> HierarchicalCost:
         """Split ``group`` into per-node rings and one ring across nodes (first member each)."""
         return self._memoized("hier", group, self._hierarchical)  # type: ignore[return-value]
