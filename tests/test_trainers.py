@@ -336,3 +336,24 @@ def test_overlapped_interleaved_sends_agree_between_evaluator_and_simulate():
                             plan.model_copy(update={"overlap_p2p_comm": False}), time_if_oom=True)
         assert rep.step_time_s <= blocking.step_time_s
         assert rep.time_s["pp_comm"] < blocking.time_s["pp_comm"]
+
+
+def test_validate_recipes_ranks_a_recipe_and_says_why():
+    from paraplan.validate.recipes import check_recipe, recipe_cases
+
+    cases = {c.index: c for c in recipe_cases(("dgxc_nemo_h100",))}
+    assert len(cases) == 18
+    for index in (4, 11):  # Llama 3.1 8B (cp=2) and 405B (tp=8 pp=9 vpp=7) NeMo recipes
+        row = check_recipe(cases[index])
+        assert row["status"] == "ok" and row["trainer"] == "megatron-core"
+        assert row["rank"] >= 1 and row["plans_ranked"] > row["rank"]
+        assert row["gain"] == pytest.approx(row["recipe_step_time_s"] / row["best_step_time_s"])
+        if row["recipe_in_space"]:  # the search's #1 is never slower than a plan it holds
+            assert row["gain"] >= 1 - 1e-9
+        assert all(w["part"] in ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm",
+                                 "pp_comm", "dp_comm", "optimizer") for w in row["why"])
+
+
+def test_cli_validate_recipes_rejects_an_unknown_source():
+    res = run("validate-recipes", "--source", "my_lab")
+    assert res.returncode == 2 and "not a recipe source" in res.stderr

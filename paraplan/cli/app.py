@@ -37,6 +37,7 @@ COMMANDS = (
     ("pareto", search.pareto),
     ("validate-dtfm", validate.validate_dtfm_cmd),
     ("validate-published", validate.validate_published_cmd),
+    ("validate-recipes", validate.validate_recipes_cmd),
     ("run", executor.run_cmd),
     ("calibrate", executor.calibrate_cmd),
     ("validate-executor", executor.validate_executor_cmd),

@@ -129,3 +129,50 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
         for r in skipped[:20]:
             out.print(f"  #{r['index']} {r['source_id']} {r['model']}: {r['status']}: "
                       f"{r['reason']}")
+
+
+def validate_recipes_cmd(
+    source: Annotated[list[str] | None, typer.Option(
+        "--source", help="dgxc_nemo_h100, torchtitan or mosaicml_llmfoundry_mpt (repeat; "
+        "default: all three).")] = None,
+    fmt: FormatOpt = Format.table,
+) -> None:
+    """Search every bundled tuned recipe again (same model, GPUs, batch, sequence, its
+    trainer) and report the recipe's rank, the predicted gain of #1 over it and why.
+
+    Example: paraplan validate-recipes --source dgxc_nemo_h100
+    """
+    from paraplan.validate.recipes import RECIPE_SOURCES, validate_recipes
+
+    for name in source or []:
+        if name not in RECIPE_SOURCES:
+            raise SpecError(f"--source {name!r} is not a recipe source; use one of "
+                            f"{', '.join(RECIPE_SOURCES)}", field="--source", value=name,
+                            allowed=list(RECIPE_SOURCES))
+    err = Console(stderr=True)
+    result = validate_recipes(tuple(source) if source else RECIPE_SOURCES,
+                              progress=(lambda d, n: err.print(f"[dim]recipe {d}/{n}[/]"))
+                              if fmt is not Format.json else None)
+    if fmt is Format.json:
+        emit_json(result)
+        return
+    table = Table(title="tuned recipes vs the search (same model, GPUs, batch, sequence, trainer)",
+                  title_justify="left")
+    for col in ("#", "model", "recipe", "search's #1", "rank", "gain", "why #1 is faster"):
+        table.add_column(col, justify="right" if col in ("#", "rank", "gain") else "left")
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            table.add_row(str(r["index"]), r["model"], r["recipe"], r["status"], "-", "-",
+                          r.get("reason", "")[:60])
+            continue
+        why = ", ".join(f"{w['part'].replace('_comm', '')} {w['recipe_minus_best_s']:+.2f} s"
+                        for w in r["why"])
+        rank = str(r["rank"]) + ("" if r["recipe_in_space"] else "*")
+        table.add_row(str(r["index"]), r["model"], r["recipe"], r["best"], rank,
+                      f"{r['gain']:.3f}", why or "-")
+    console().print(table)
+    if result["n"]:
+        console().print(f"{result['n']} recipes: median predicted gain of #1 "
+                        f"{result['median_gain']:.3f}x (max {result['max_gain']:.3f}x); "
+                        f"{result['ranked_first']} ranked first, {result['within_5pct']} within "
+                        "5% of #1. * = the recipe is outside the searched space.")

@@ -1,0 +1,106 @@
+"""``paraplan validate-recipes``: does the search rank hand-tuned recipes at the top?
+
+Every bundled published run that is a tuned benchmark recipe (NVIDIA's NeMo H100 recipes,
+torchtitan's published configurations, MosaicML's MPT benchmark tables) is searched again
+with the same model, GPU count, global batch and sequence length, restricted to that
+recipe's trainer profile. For each recipe the report gives:
+
+- its rank among every plan the trainer can run (the vectorized evaluator's ranking of the
+  whole space; 1 = nothing predicted faster), or that the recipe is outside the searched space;
+- the predicted gain of the search's #1 over the recipe (recipe step time / #1's, both from
+  ``simulate``);
+- why #1 is faster: the time parts (compute, bubble, TP/CP/EP/PP/DP communication,
+  optimizer) that differ most.
+
+A cost model with no free lunches ranks tuned recipes at or near the top: a large predicted
+gain points at a cost the model leaves out (or at a recipe that really is slow).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from paraplan.search.dispatch import search
+from paraplan.search.space import build_space, evaluate_space
+from paraplan.simulator.report import STEP_PARTS
+from paraplan.simulator.step import simulate
+from paraplan.specs.errors import SpecError
+from paraplan.specs.loaders import load_trainer
+from paraplan.validate.published import DATA_DIR, PublishedCase, load_published_throughput
+
+RECIPE_SOURCES = ("dgxc_nemo_h100", "torchtitan", "mosaicml_llmfoundry_mpt")
+"""Sources whose rows are tuned benchmark recipes (sources.md, holdout/SOURCES.md)."""
+
+
+def recipe_cases(sources: tuple[str, ...] = RECIPE_SOURCES) -> list[PublishedCase]:
+    """The predictable recipe rows of the bundled published and hold-out CSVs."""
+    cases = load_published_throughput() + load_published_throughput(
+        DATA_DIR / "holdout" / "holdout_throughput.csv")
+    return [c for c in cases if c.source_id in sources and c.skip_reason is None
+            and c.plan is not None and c.cluster is not None and c.cluster.is_homogeneous]
+
+
+def check_recipe(case: PublishedCase) -> dict[str, Any]:
+    """One recipe row: its rank, #1's predicted gain over it and the parts that differ."""
+    trainer = load_trainer(case.framework)
+    model, cluster, training = case.model, case.cluster, case.training
+    plan = case.plan.model_copy(update={"dp": None})
+    row: dict[str, Any] = {"index": case.index, "source_id": case.source_id,
+                           "model": case.model_name, "trainer": trainer.name,
+                           "recipe": plan.short(), "num_gpus": case.num_gpus}
+    recipe = simulate(model, cluster, training, plan, trainer=trainer, time_if_oom=True)
+    if recipe.step_time_s is None:
+        return {**row, "status": "recipe_not_priced", "reason": "; ".join(recipe.reasons)}
+    row["recipe_step_time_s"] = recipe.step_time_s
+    if not recipe.feasible:
+        row["note"] = "; ".join(recipe.reasons)
+    try:
+        best = search(model, cluster, training, top=1, trainer=trainer).best
+    except SpecError as exc:
+        return {**row, "status": "no_search", "reason": str(exc)}
+    if best is None:
+        return {**row, "status": "no_search", "reason": "the search found no plan"}
+    space = build_space(model, cluster, training, trainer=trainer)
+    ev = evaluate_space(space, exact_interleaved=True)
+    ok = ev.feasible & np.isfinite(ev.step_time_s)
+    faster = int(np.sum(ok & (ev.step_time_s < recipe.step_time_s * (1 - 1e-9))))
+    in_space = bool(np.any(np.isclose(ev.step_time_s[ok], recipe.step_time_s, rtol=1e-9)))
+    diff = {k: recipe.time_s[k] - best.time_s[k] for k in STEP_PARTS}
+    why = sorted(((v, k) for k, v in diff.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))
+    return {**row, "status": "ok", "best": best.extra.get("plan_short", ""),
+            "best_step_time_s": best.step_time_s, "rank": faster + 1,
+            "recipe_in_space": in_space, "plans_ranked": int(ok.sum()),
+            "gain": recipe.step_time_s / best.step_time_s,
+            "why": [{"part": k, "recipe_minus_best_s": v} for v, k in why[:3]]}
+
+
+def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Check every recipe row of ``sources``; summary over the rows that ran."""
+    cases = recipe_cases(sources)
+    rows = []
+    for i, case in enumerate(cases, start=1):
+        rows.append(check_recipe(case))
+        if progress is not None:
+            progress(i, len(cases))
+    ok = [r for r in rows if r["status"] == "ok"]
+    gains = [r["gain"] for r in ok]
+    by_source: dict[str, Any] = {}
+    for src in dict.fromkeys(r["source_id"] for r in ok):
+        mine = [r["gain"] for r in ok if r["source_id"] == src]
+        by_source[src] = {"n": len(mine), "median_gain": statistics.median(mine),
+                          "max_gain": max(mine),
+                          "ranked_first": sum(r["rank"] == 1 for r in ok
+                                              if r["source_id"] == src),
+                          "within_5pct": sum(g <= 1.05 for g in mine)}
+    return {
+        "rows": rows, "n": len(ok), "n_rows": len(rows), "by_source": by_source,
+        "median_gain": statistics.median(gains) if gains else None,
+        "max_gain": max(gains) if gains else None,
+        "ranked_first": sum(r["rank"] == 1 for r in ok),
+        "within_5pct": sum(g <= 1.05 for g in gains),
+    }
