@@ -266,7 +266,7 @@ def test_bloom_step_time_and_its_tflops_formula(cases, rows):
     small = narayanan_flops_per_iteration(16, 2048, 70, 14336, 250680) / (15.23 * 384) / 1e12
     assert small == pytest.approx(8.04, rel=2e-3)
     assert case.plan.layers_per_stage == [5] + [6] * 10 + [5]
-    assert case.plan.zero_stage == 1 and case.framework == "deepspeed"
+    assert case.plan.zero_stage == 1 and case.framework == "megatron-deepspeed-2022"
     group = case.cluster.node_groups[0]
     assert group.nics_per_node == 4 and group.inter_node_link.bandwidth_GBps == 12.5
     assert case.doubtful and not ramp.doubtful  # 384 GPUs inferred for the end-of-epoch line

@@ -108,7 +108,7 @@ SOURCES: dict[str, SourceConvention] = {
         "llm-foundry", True, None, "mpt", None,
         "Composer + PyTorch FSDP; FlashAttention (README); MFU peak from composer, not re-read"),
     "bloom176b_bigscience": SourceConvention(
-        "deepspeed", False, "narayanan", None, 312.0,
+        "megatron-deepspeed-2022", False, "narayanan", None, 312.0,
         "Megatron-DeepSpeed pipeline engine, BF16Optimizer with ZeRO-1; fused softmax, no "
         "FlashAttention (2022); TFLOPs logged with the 4x2 (recompute) coefficient"),
     "dtfm_yuan2022": SourceConvention(
@@ -125,7 +125,7 @@ SOURCES: dict[str, SourceConvention] = {
         "MegaScale Table 2 Megatron-LM baseline (2023 Megatron-LM with FlashAttention and "
         "overlapped gradient reduction, per the paper's baseline description)"),
     "mtnlg530b": SourceConvention(
-        "deepspeed", False, "narayanan", None, 312.0,
+        "megatron-deepspeed-2022", False, "narayanan", None, 312.0,
         "Megatron-DeepSpeed MT-NLG 530B (2021): pipeline engine reduces after the flush"),
     "megatron_readme_gpt3_175b": SourceConvention(
         "megatron-lm-2021", False, None, None, None,
