@@ -132,25 +132,23 @@ def read_trainer(name: str | None, export: str | None = None) -> Any:
     """The TrainerSpec of ``--trainer`` (a preset or a YAML path). Without one, ``--export X``
     implies X's trainer and otherwise the default; a trainer whose config ``X`` does not write
     is an error naming both."""
-    from paraplan.specs.loaders import list_profiles, load_trainer
+    from paraplan.specs.loaders import load_trainer
 
+    writer = None if export in (None, "json") else _writer_of(export)
     if name is None:
-        if export not in (None, "json"):
-            for preset in list_profiles("trainers"):
-                spec = load_trainer(preset)
-                if spec.export_format == export:
-                    return spec
-        return load_trainer(DEFAULT_TRAINER)
+        return writer or load_trainer(DEFAULT_TRAINER)
     spec = load_trainer(name)
     if export not in (None, "json") and spec.export_format != export:
         raise SpecError(f"--trainer {spec.name} conflicts with --export {export}: the {export} "
-                        f"exporter writes {_writer_of(export)}'s config; drop --trainer or "
+                        f"exporter writes {writer.name if writer else export}'s config; drop "
+                        "--trainer or "
                         "export to json", field="--trainer", value=name)
     return spec
 
 
-def _writer_of(export: str) -> str:
+def _writer_of(export: str) -> Any:
+    """The bundled trainer profile whose config ``--export export`` writes (None: none)."""
     from paraplan.specs.loaders import list_profiles, load_trainer
 
-    names = [n for n in list_profiles("trainers") if load_trainer(n).export_format == export]
-    return names[0] if names else export
+    return next((spec for spec in map(load_trainer, list_profiles("trainers"))
+                 if spec.export_format == export), None)
