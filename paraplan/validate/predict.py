@@ -10,17 +10,10 @@ from paraplan.validate.published import MemoryCase, PublishedCase
 from paraplan.validate.report import validate_memory, validate_published
 
 
-def _plan_for(case: PublishedCase | MemoryCase):
-    plan = case.plan
-    if plan is not None and case.dp_grad_overlap is not None:
-        plan = plan.model_copy(update={"overlap_grad_reduce": case.dp_grad_overlap})
-    return plan
-
-
 def predict_step_time(case: PublishedCase) -> tuple[float | None, str | None, bool]:
     """Simulated seconds per step. A run our memory model calls out-of-memory is still timed
     (it did run), and the disagreement is reported in the row's reason."""
-    report = simulate(case.model, case.cluster, case.training, _plan_for(case), time_if_oom=True)
+    report = simulate(case.model, case.cluster, case.training, case.plan, time_if_oom=True)
     if report.step_time_s is None:
         return None, "; ".join(report.reasons), False
     note = None
@@ -31,7 +24,7 @@ def predict_step_time(case: PublishedCase) -> tuple[float | None, str | None, bo
 
 def predict_memory(case: MemoryCase) -> tuple[float | None, str | None, bool]:
     """Predicted value for a memory row, in the row's metric units (GiB or percent)."""
-    report = simulate(case.model, case.cluster, case.training, _plan_for(case), time_if_oom=True)
+    report = simulate(case.model, case.cluster, case.training, case.plan, time_if_oom=True)
     if not report.memory_per_stage_gb:
         return None, "; ".join(report.reasons), False
     mem = report.memory_gb
@@ -42,7 +35,7 @@ def predict_memory(case: MemoryCase) -> tuple[float | None, str | None, bool]:
     if case.metric == "activation_memory_gib":
         return mem["activations"], None, True
     if case.metric == "activation_memory_pct_of_tp_baseline":
-        base_plan = _plan_for(case).model_copy(update={"sequence_parallel": False,
+        base_plan = case.plan.model_copy(update={"sequence_parallel": False,
                                                        "recompute": "none"})
         base = simulate(case.model, case.cluster, case.training, base_plan, time_if_oom=True)
         if not base.memory_gb["activations"]:

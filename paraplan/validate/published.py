@@ -64,7 +64,8 @@ class _Case:
     """What the loader filled in or chose for this row, in words."""
     num_gpus: int | None = None
     dp_grad_overlap: bool | None = None
-    """The framework overlaps DP gradient reduction with backward (see conventions)."""
+    """The run overlaps DP gradient reduction with backward (its trainer's, or the row's own
+    DDP implementation); ``plan.overlap_grad_reduce`` carries it to the simulator."""
 
 
 @dataclass(frozen=True, kw_only=True)
