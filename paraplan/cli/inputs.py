@@ -58,11 +58,13 @@ def read_plan_source(text: str, field: str = "--plan") -> tuple[Any, Any]:
     return parse_plan(text), None
 
 
-def check_imported(imported: Any, model: Any, training: Any) -> None:
-    """Refuse a trainer config whose batch, sequence, precision or model shape differs from
-    the command line's (name both values)."""
-    for key, flag in (("global_batch_size", "--global-batch"), ("seq_len", "--seq-len"),
-                      ("precision", "--precision")):
+def apply_imported(imported: Any, model: Any, training: Any) -> Any:
+    """``training`` with the run facts a trainer config states (dropout, reduction dtype,
+    kernels). Its batch, sequence length, precision and model shape must match the command
+    line's: a difference is an error naming both values."""
+    checked = (("global_batch_size", "--global-batch"), ("seq_len", "--seq-len"),
+               ("precision", "--precision"))
+    for key, flag in checked:
         if key in imported.training and imported.training[key] != getattr(training, key):
             raise SpecError(f"{imported.path} sets {key}={imported.training[key]!r} but "
                             f"{flag} is {getattr(training, key)!r}; give {flag} "
@@ -73,6 +75,8 @@ def check_imported(imported: Any, model: Any, training: Any) -> None:
             raise SpecError(f"{imported.path} is for a model with {key}={value}, not "
                             f"{model.name} ({key}={getattr(model, key)})", field="--model",
                             value=model.name)
+    return training.model_copy(update={k: v for k, v in imported.training.items()
+                                       if k not in dict(checked)})
 
 
 def read_json_file(path: Path, field: str) -> Any:

@@ -14,7 +14,7 @@ from paraplan.cli import goodput
 from paraplan.cli.common import Format, FormatOpt, console, emit_json, write_report_outputs
 from paraplan.cli.inputs import (
     TrainerOpt,
-    check_imported,
+    apply_imported,
     check_output_paths,
     read_plan,
     read_plan_source,
@@ -64,10 +64,7 @@ def simulate(
     spec_plan, imported = read_plan_source(plan)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
-        check_imported(imported, spec_model, training)
-        facts = {k: v for k, v in imported.training.items()
-                 if k not in ("global_batch_size", "seq_len", "precision")}
-        training = training.model_copy(update=facts)
+        training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)
     report = run_simulation(spec_model, spec_cluster, training, spec_plan,
                             trainer=spec_trainer).to_dict()
