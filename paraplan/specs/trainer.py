@@ -14,7 +14,7 @@ profile twice changes nothing) always wins over the profile.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -170,8 +170,7 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
             out.append(f"{who}'s 1F1B engine needs at least pp - 1 = {p.pp - 1} micro-batches "
                        f"(plan: {num_microbatches})")
     if not can.relaxed_sync:
-        knobs = [f for f in RELAXED_FIELDS if f in p.model_fields_set
-                 and getattr(p, f) != ParallelPlan.model_fields[f].default]
+        knobs = relaxed_knobs({f: getattr(p, f) for f in p.model_fields_set})
         if knobs:
             out.append(f"{who} synchronizes dense gradients every step ({', '.join(knobs)} "
                        "cannot be set)")
@@ -182,6 +181,12 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
             and not can.placement:
         out.append(f"{who} places ranks in its own order (no custom placement)")
     return out
+
+
+def relaxed_knobs(values: dict[str, Any]) -> list[str]:
+    """The relaxed-synchronization fields among plan ``values`` set away from their defaults."""
+    return [f for f in RELAXED_FIELDS
+            if f in values and values[f] != ParallelPlan.model_fields[f].default]
 
 
 def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPlan

@@ -12,8 +12,7 @@ from paraplan.search.space.fix import RECOMPUTES
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.trainer import RELAXED_FIELDS, TrainerSpec
+from paraplan.specs.trainer import TrainerSpec, relaxed_knobs
 from paraplan.specs.training import TrainingSpec
 
 
@@ -30,8 +29,7 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
         raise SpecError(f"{who} cannot train in {training.precision}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
     if not can.relaxed_sync:
-        pinned = [k for k in RELAXED_FIELDS if k in constants
-                  and constants[k] != ParallelPlan.model_fields[k].default]
+        pinned = relaxed_knobs(constants)
         if pinned:
             raise SpecError(f"{who} synchronizes dense gradients every step; {pinned[0]} "
                             "cannot be pinned (use --trainer generic for what-if studies)",
