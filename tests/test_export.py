@@ -48,8 +48,8 @@ PLANS = {
 # What each trainer must accept (the rest must be refused with a named field).
 ACCEPTS = {
     "megatron": set(PLANS),
-    "torchtitan": {"dense70b-interleaved", "moe-ep", "uneven-first-last", "uneven-layout",
-                   "plain"},
+    "torchtitan": {"dense70b-interleaved", "moe-ep", "moe-ep-pp", "uneven-first-last",
+                   "uneven-layout", "plain"},
     "deepspeed": {"plain"},
     "nanotron": {"plain"},
 }
@@ -306,7 +306,8 @@ def test_cli_export_every_format_and_plan_json_roundtrip(tmp_path: Path) -> None
     (("tp=2,pp=2,mbs=1", "--to", "megatron"), "needs --model"),
     (("tp=3,mbs=1", "--to", "megatron", *PLAIN_ARGS), "cannot be exported"),
     (("tp=2,pp=2,mbs=1,schedule=gpipe", "--to", "megatron", *PLAIN_ARGS), "1F1B"),
-    (("tp=2,pp=2,mbs=1,zero=1", "--to", "torchtitan", *PLAIN_ARGS), "zero_stage"),
+    (("tp=2,mbs=1,zero=1", "--to", "torchtitan", *PLAIN_ARGS), "zero_stage"),
+    (("tp=2,pp=2,mbs=1,zero=3", "--to", "torchtitan", *PLAIN_ARGS), "zero_stage"),
 ])
 def test_cli_export_bad_input_exits_2(args: tuple[str, ...], needle: str) -> None:
     res = run("export", *args)

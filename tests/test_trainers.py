@@ -73,6 +73,8 @@ TRAIN = TrainingSpec(global_batch_size=64, seq_len=4096)
     ("megatron-core", "tp=2,pp=2,rc=op", "cannot recompute=op"),
     ("megatron-core", "tp=2,pp=2,zero=2", "ZeRO stage 1 at most with pipeline"),
     ("torchtitan", "tp=2,zero=1", "cannot express zero_stage=1"),
+    ("torchtitan", "tp=2,pp=2,zero=3", "runs ZeRO stage 0 or 1 with pipeline parallelism"),
+    ("torchtitan", "tp=2,pp=2,zero=2", "runs ZeRO stage 0 or 1 with pipeline parallelism"),
     ("torchtitan", "tp=2,sp=0", "always shards norms"),
     ("deepspeed", "pp=2,zero=2", "ZeRO stage 1 at most"),
     ("deepspeed", "tp=2,sp=1", "no Megatron sequence parallelism"),
@@ -357,3 +359,34 @@ def test_validate_recipes_ranks_a_recipe_and_says_why():
 def test_cli_validate_recipes_rejects_an_unknown_source():
     res = run("validate-recipes", "--source", "my_lab")
     assert res.returncode == 2 and "not a recipe source" in res.stderr
+
+
+def test_torchtitan_fsdp_under_pipelining_is_zero_1():
+    # torch.distributed.pipelining keeps FSDP parameters and gradients unsharded until the
+    # last backward: torchtitan runs zero=1 with pp > 1 (not zero=1 without), and the
+    # exported config is the FSDP one, which reads back as zero=1 whatever its reshard policy.
+    titan = load_trainer("torchtitan")
+    assert not trainer_reasons(titan, MODEL, TRAIN, parse_plan("tp=2,sp=1,pp=2,zero=1"), 16)
+    from paraplan.importers.torchtitan import read_torchtitan
+    for policy in ("default", "always", "never"):
+        got = read_torchtitan({"training": {}, "activation_checkpoint": {"mode": "full"},
+                               "parallelism": {
+            "pipeline_parallel_degree": 2, "data_parallel_shard_degree": 4,
+            "fsdp_reshard_after_forward": policy}})
+        assert got.plan.zero_stage == 1
+    flat = read_torchtitan({"training": {}, "activation_checkpoint": {"mode": "full"},
+                            "parallelism": {"data_parallel_shard_degree": 4}})
+    assert flat.plan.zero_stage == 3
+
+
+def test_eager_loss_holds_the_fp32_logits_and_their_gradient():
+    # torchtitan before 2025-02 compiled the blocks but not the loss: 14 B per logit on the
+    # last stage (bf16 logits, fp32 upcast, log-softmax, gradient) instead of 6.
+    from paraplan.simulator.memory import pipeline_memory
+    model = load_model("llama3-8b")
+    train = TrainingSpec(global_batch_size=16, seq_len=8192)
+    plan = parse_plan("zero=3,mbs=2")
+    fused = pipeline_memory(model, train, plan, dp=8, layers=[32], inflight=[1.0])[0]
+    eager = pipeline_memory(model, train.model_copy(update={"loss_kernels": "eager"}), plan,
+                            dp=8, layers=[32], inflight=[1.0])[0]
+    assert eager.activations - fused.activations == pytest.approx(8.0 * 2 * 8192 * 128256)

@@ -60,10 +60,9 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     }
     if p.zero_stage == 2:
         par["fsdp_reshard_after_forward"] = "never"
-    elif p.zero_stage == 3 and p.pp > 1:
-        # "default" keeps parameters gathered with pipelining (parallelize.py:
-        # reshard_after_forward = not pp_enabled), which is ZeRO-2; ZeRO-3 must say so.
-        par["fsdp_reshard_after_forward"] = "always"
+    # zero_stage=1 with pp > 1 is FSDP under pipelining: torchtitan's "default" policy keeps
+    # parameters gathered (parallelize.py: reshard_after_forward = not pp_enabled) and
+    # torch.distributed.pipelining syncs gradients on the last backward only.
     if m.is_moe:
         par["expert_tensor_parallel_degree"] = p.expert_tp
     if p.tp_comm_overlap:
@@ -84,12 +83,16 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
 def _check(ctx: ExportContext) -> None:
     m, t, p = ctx.model, ctx.training, ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
-    if p.zero_stage == 1:
+    if p.zero_stage == 1 and p.pp == 1:
         raise refuse("zero_stage", 1, TRAINER, "torchtitan shards with FSDP2: zero_stage=3, or "
                      "2 (fsdp_reshard_after_forward = never), or 0 for DDP")
+    if p.zero_stage >= 2 and p.pp > 1:
+        raise refuse("zero_stage", p.zero_stage, TRAINER, "with pipelining FSDP keeps "
+                     "parameters and gradients unsharded until the last backward "
+                     "(torch.distributed.pipelining), which is zero_stage=1; or 0 for DDP")
     if p.ep > 1 and p.zero_stage == 0:
         raise refuse("ep", p.ep, TRAINER, "expert parallelism is carved out of the FSDP "
-                     "dimension; use zero_stage=2 or 3")
+                     "dimension; use zero_stage=2 or 3 (1 with pipelining)")
     if m.is_moe and p.expert_tp not in (1, p.tp):
         raise refuse("etp", p.expert_tp, TRAINER, f"expert_tensor_parallel_degree must be 1 "
                      f"or tp={p.tp}")

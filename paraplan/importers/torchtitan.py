@@ -43,9 +43,13 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
                                                 "parallelism.data_parallel_shard_degree")
     if shard == 1:
         zero = 0
+    elif pp > 1:
+        # torch.distributed.pipelining keeps FSDP parameters and gradients unsharded until
+        # the last backward: ZeRO-1 whatever fsdp_reshard_after_forward says.
+        zero = 1
     else:
         reshard = par.get("fsdp_reshard_after_forward", "default")
-        zero = {"never": 2, "always": 3}.get(reshard, 2 if pp > 1 else 3)
+        zero = {"never": 2, "always": 3}.get(reshard, 3)
     dp = None if shard is None else replicate * shard
     parts = par.get("module_fqns_per_model_part")
     split, vpp = None, 1

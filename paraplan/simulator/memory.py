@@ -238,7 +238,8 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         # Cross entropy of one micro-batch: fused vocab-parallel kernels keep bf16 logits and
         # an fp32 softmax (6 B/logit, Megatron's VocabParallelCrossEntropy); eager PyTorch
         # also holds the fp32 upcast and the gradient (2 + 4 + 4 + 4 = 14 B/logit).
-        per_logit = 14.0 if training.kernels == "eager" else 6.0
+        eager = (training.loss_kernels or training.kernels) == "eager"
+        per_logit = 14.0 if eager else 6.0
         act += per_logit * s_local * mb * model.vocab_size / plan.tp
     if stage == 0:
         act += 2.0 * s_local * mb * model.hidden_size  # embedding output

@@ -42,6 +42,10 @@ class TrainerCan(StrictModel):
     """ZeRO stages (0 = replicated DDP, 1 = distributed optimizer, 2 = + gradients, 3 = FSDP)."""
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = 3
     """Highest ZeRO stage together with pipeline parallelism (pp > 1)."""
+    zero_stages_with_pp: list[Literal[0, 1, 2, 3]] | None = None
+    """ZeRO stages with pp > 1 when they differ from ``zero_stages`` (None: the same, capped
+    by ``max_zero_stage_with_pp``): FSDP under ``torch.distributed.pipelining`` keeps
+    parameters and gradients unsharded until the last backward, which is ZeRO-1."""
     min_zero_stage_with_ep: Literal[0, 1, 2, 3] = 0
     """Lowest ZeRO stage together with expert parallelism (ep > 1)."""
     sequence_parallel: Literal["never", "optional", "always"]
@@ -133,7 +137,11 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
             and not can.uneven_layers:
         out.append(f"{who} splits layers evenly over the pipeline stages (plan: "
                    f"{p.layers_per_stage})")
-    if p.zero_stage not in can.zero_stages:
+    piped_zero = can.zero_stages_with_pp if p.pp > 1 else None
+    if piped_zero is not None and p.zero_stage not in piped_zero:
+        out.append(f"{who} runs ZeRO stage {_words(piped_zero)} with pipeline parallelism "
+                   f"(plan: zero_stage={p.zero_stage}, pp={p.pp})")
+    elif piped_zero is None and p.zero_stage not in can.zero_stages:
         out.append(f"{who} cannot express zero_stage={p.zero_stage}; it has "
                    f"{_words(can.zero_stages)}")
     elif p.pp > 1 and p.zero_stage > can.max_zero_stage_with_pp:

@@ -35,6 +35,11 @@ class TrainingSpec(StrictModel):
     kernels: Literal["fused", "eager"] = "fused"
     """Non-GEMM kernels: fused (Megatron fused kernels, torch.compile) or eager PyTorch ops,
     which move several times more bytes for RMSNorm, rotary and SwiGLU."""
+    loss_kernels: Literal["fused", "eager"] | None = None
+    """Kernels of the cross-entropy loss when they differ from ``kernels`` (None: the same).
+    torchtitan before 2025-02-20 compiled each TransformerBlock but left the loss eager
+    (``apply_compile`` in parallelize_llama.py; the loss was first compiled in d1f62be7,
+    "Adding loss_fn to TrainSpec", and made its own ``compile.components`` entry in #1608)."""
     grad_reduce_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
     compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""

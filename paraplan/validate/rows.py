@@ -53,6 +53,8 @@ from paraplan.validate.source_facts import (
     OMNI_PATH_100G,
     PLAN_DOUBT,
     SC21_TABLE_1,
+    TORCHTITAN_LOSS_COMPILED_FROM,
+    row_year_month,
 )
 
 
@@ -252,6 +254,11 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         if model.num_layers % n_micro:
             layers_per_stage = _torchtitan_split(model.num_layers, n_micro)
             s.notes.append(f"layers per stage {layers_per_stage} (torchtitan default split)")
+    piped_zero = _trainer(s.framework).can.zero_stages_with_pp
+    if pp > 1 and piped_zero is not None and zero not in piped_zero and 1 in piped_zero:
+        s.notes.append(f"zero_stage {zero} -> 1: {s.framework}'s FSDP under pipelining keeps "
+                       "parameters and gradients unsharded until the last backward")
+        zero = 1
     if s.source == "bloom176b_bigscience" and pp == 12 and model.num_layers == 70:
         layers_per_stage = list(BLOOM_LAYERS_PER_STAGE)
         s.notes.append("layers per stage 5,6x10,5 (tr11 'type:transformer|embedding' partition)")
@@ -330,6 +337,11 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         explicit: dict[str, Any] = {}
         if "compile" in notes:
             explicit["kernels"] = "fused"
+            when = row_year_month(cell(row, "source_location") + " " + notes)
+            if s.framework == "torchtitan" and when and when < TORCHTITAN_LOSS_COMPILED_FROM:
+                explicit["loss_kernels"] = "eager"
+                s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
+                               "before 2025-02")
         s.notes.append(f"{explicit.get('kernels', trainer.runs.kernels)} non-GEMM kernels "
                        f"({'torch.compile' if explicit else trainer.name})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":

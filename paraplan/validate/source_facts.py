@@ -53,3 +53,15 @@ OMNI_PATH_100G = {
     "notes": "Intel Omni-Path 100 Gb/s port (Jean Zay, BLOOM tr11: 4 OPA links per node); "
              "latency and efficiency copied from the ib-hdr profile (ESTIMATE)",
 }
+
+# pytorch/torchtitan d1f62be73 (2025-02-20, "Adding loss_fn to TrainSpec") first compiled the
+# loss with ``training.compile``; before it ``apply_compile`` compiled each TransformerBlock
+# and the cross entropy ran eager (parallelize_llama.py at e846b69, 2024-12).
+TORCHTITAN_LOSS_COMPILED_FROM = (2025, 2)
+ROW_DATE = re.compile(r"(20[12]\d)[-_]?(0[1-9]|1[0-2])")
+
+
+def row_year_month(text: str) -> tuple[int, int] | None:
+    """The first year-month (``2024-12``, ``202412``) in a row's source text, if any."""
+    found = ROW_DATE.search(text)
+    return (int(found.group(1)), int(found.group(2))) if found else None

@@ -47,11 +47,15 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
     allowed_sched = np.array([s in can.schedules for s in SCHEDULES])
     allowed_rc = np.array([r in can.recompute for r in RECOMPUTES])
     allowed_zero = np.array([z in can.zero_stages for z in range(4)])
+    piped_zero = can.zero_stages if can.zero_stages_with_pp is None else can.zero_stages_with_pp
+    allowed_piped_zero = np.array([z in piped_zero for z in range(4)])
     rules: list[tuple[str, np.ndarray]] = [
         (f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)",
          piped & ~allowed_sched[sched]),
         (f"{who} cannot express that ZeRO stage ({', '.join(map(str, can.zero_stages))} only)",
-         ~allowed_zero[zero]),
+         ~piped & ~allowed_zero[zero]),
+        (f"{who} runs ZeRO {', '.join(map(str, piped_zero))} with pipeline parallelism",
+         piped & ~allowed_piped_zero[zero]),
         (f"{who} runs ZeRO <= {can.max_zero_stage_with_pp} with pipeline parallelism",
          piped & (zero > can.max_zero_stage_with_pp)),
         (f"{who} needs ZeRO >= {can.min_zero_stage_with_ep} with expert parallelism",
