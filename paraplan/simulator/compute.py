@@ -65,17 +65,20 @@ class Device:
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
             else gpu.matmul_efficiency
-        matmul = peak * eff
+        # Every compute efficiency is a burst measurement; training runs at the clock the
+        # power limit sustains (GPUSpec.sustained_clock_fraction, cited per profile).
+        clock = gpu.sustained_clock_fraction
+        matmul = peak * eff * clock
         # Attention kernels run in 16-bit even in fp8 training.
         peak16 = max(gpu.peak_tflops.get("bf16", 0.0), gpu.peak_tflops.get("fp16", 0.0)) * 1e12
         peak16 = peak16 or peak
-        fwd = peak16 * (gpu.attention_efficiency_fwd
-                        or gpu.matmul_efficiency * FLASH_FWD_RELATIVE)
-        bwd = peak16 * (gpu.attention_efficiency_bwd
-                        or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
+        fwd = peak16 * clock * (gpu.attention_efficiency_fwd
+                                or gpu.matmul_efficiency * FLASH_FWD_RELATIVE)
+        bwd = peak16 * clock * (gpu.attention_efficiency_bwd
+                                or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=gpu.gemm_table,
-                   table_scale=eff / gpu.matmul_efficiency,
+                   table_scale=eff / gpu.matmul_efficiency * clock,
                    fp8_cast_bytes=(5.0 if kernels == "eager" else 1.0) if precision == "fp8"
                    else 0.0)
 

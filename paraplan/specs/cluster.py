@@ -124,6 +124,11 @@ class GPUSpec(StrictModel):
     None = matmul_efficiency scaled by FlashAttention-2's A100 ratio (73% vs 87%)."""
     attention_efficiency_bwd: float | None = Field(default=None, gt=0, le=1)
     """Same for the attention backward (FlashAttention-2 on A100: 63%)."""
+    sustained_clock_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of the short-burst compute throughput (the GEMM and attention efficiencies
+    above, measured in seconds-long benchmarks near boost clock) that compute-bound kernels
+    keep once the clock has settled at the power limit in hours-long training; 1.0 where no
+    public figure exists. Memory bandwidth is not scaled."""
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
     tdp_W: float | None = Field(default=None, gt=0)
