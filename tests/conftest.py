@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,3 +22,19 @@ DATA = Path(__file__).parent / "data"
 @pytest.fixture()
 def hf_dir() -> Path:
     return DATA / "hf"
+
+
+@pytest.fixture(scope="session")
+def quick_calibration(tmp_path_factory) -> tuple[str, dict]:
+    """One ``paraplan calibrate --quick`` of this machine through the real entry point, shared
+    by every test that needs a calibrated profile (each run measures for ~25 s on 2 cores):
+    (profile path, the ``measurements`` it printed)."""
+    pytest.importorskip("torch.distributed")
+    path = tmp_path_factory.mktemp("cal") / "here.yaml"
+    proc = subprocess.run([sys.executable, "-m", "paraplan", "calibrate", "--quick", "--out",
+                           str(path), "--format", "json"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["profile"] == str(path)
+    return str(path), data["measurements"]

@@ -10,7 +10,6 @@ import paraplan
 from paraplan import ModelSpec, TrainingSpec, load_cluster, parse_plan
 from paraplan.executor.calibrate import (
     COLLECTIVE_KINDS,
-    calibrate,
     calibration_cluster_yaml,
     coefficients,
     fit_alpha_beta,
@@ -171,10 +170,10 @@ def test_per_kind_bandwidth_becomes_collective_efficiency(tmp_path):
     assert load_cluster(str(joint)).collective_efficiency == {}
 
 
-def test_calibrate_quick_on_this_machine(tmp_path):
-    seen: list[str] = []
-    meas = calibrate(quick=True, nproc=2, progress=seen.append)
-    assert seen and meas["nproc"] == 2 and meas["elapsed_s"] < 60
+def test_calibrate_quick_on_this_machine(quick_calibration, tmp_path):
+    # The CLI's quick calibration (shared with the executor tests): what calibrate() measured.
+    _, meas = quick_calibration
+    assert meas["nproc"] == 2 and meas["elapsed_s"] > 0
     assert all(c["tflops"] > 0 for c in meas["gemm"]["cells"])
     assert meas["memory"]["bandwidth_Bps"] > 0
     kinds = {s["kind"] for s in meas["collectives"]["samples"]}

@@ -26,16 +26,11 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def profile(tmp_path_factory) -> str:
-    """A quick calibration of this machine, written by the CLI."""
-    path = tmp_path_factory.mktemp("cal") / "here.yaml"
-    proc = run("calibrate", "--quick", "--out", str(path), "--format", "json")
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
-    assert data["profile"] == str(path)
-    assert {"gemm", "memory", "attention", "elementwise", "collectives"} <= set(
-        data["measurements"])
-    return str(path)
+def profile(quick_calibration) -> str:
+    """A quick calibration of this machine, written by the CLI (shared, see conftest)."""
+    path, meas = quick_calibration
+    assert {"gemm", "memory", "attention", "elementwise", "collectives"} <= set(meas)
+    return path
 
 
 def test_calibrated_profile_loads_with_measured_efficiencies(profile) -> None:
