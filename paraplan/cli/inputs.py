@@ -3,13 +3,13 @@ training arguments, and output paths checked before any work."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from paraplan.specs import SpecError
+from paraplan.specs.safe_io import parse_json, read_user_text
 
 DEFAULT_TRAINER = "megatron-core"
 """The trainer the CLI prices and searches for unless told otherwise (the most common
@@ -44,11 +44,7 @@ def read_plan_source(text: str, field: str = "--plan") -> tuple[Any, Any]:
                         "trainer config, or an inline plan such as tp=8,pp=4,mbs=1)",
                         field=field, value=text)
     if path is not None and path.is_file():
-        try:
-            content = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError(f"cannot read {str(path)!r}: {exc}", field=field,
-                            value=text) from None
+        content = read_user_text(path, "plan")
         imported = read_trainer_config(path, content)
         if imported is not None:
             return imported.plan, imported
@@ -80,11 +76,7 @@ def apply_imported(imported: Any, model: Any, training: Any) -> Any:
 
 
 def read_json_file(path: Path, field: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"cannot read JSON {str(path)!r}: {exc}", field=field,
-                        value=str(path)) from None
+    return parse_json(read_user_text(path, field), "JSON file", str(path))
 
 
 def unwrap_plan_json(data: Any, text: str, field: str) -> Any:

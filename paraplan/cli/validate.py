@@ -11,6 +11,7 @@ from rich.table import Table
 
 from paraplan.cli.common import Format, FormatOpt, console, emit_json
 from paraplan.specs import SpecError
+from paraplan.specs.safe_io import MAX_TABLE_BYTES, read_user_text
 
 
 def validate_dtfm_cmd(
@@ -80,10 +81,7 @@ def validate_published_cmd(
         path = _as_path(csv_path)
         if path is None or not path.is_file():
             raise SpecError(f"CSV file {csv_path!r} not found", field="CSV", value=csv_path)
-        try:
-            header = path.read_text(encoding="utf-8").split("\n", 1)[0]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecError(f"cannot read CSV {csv_path!r}: {exc}", field="CSV") from None
+        header = read_user_text(path, "CSV", MAX_TABLE_BYTES).split("\n", 1)[0]
         if "memory_scope" in header:
             is_memory = True
         elif "measured_metric" not in header:

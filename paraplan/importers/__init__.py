@@ -3,22 +3,20 @@ own), so ``paraplan simulate --plan run.sh`` prices the config a user runs today
 
 ``read_trainer_config(path)`` recognises a Megatron-LM launch (a ``MEGATRON_ARGS=(...)`` array
 or ``--flag value`` text), a torchtitan TOML, a DeepSpeed config JSON and a nanotron YAML, and
-returns an :class:`ImportedConfig` (None for any other file). Inputs are data: ``shlex``,
-``tomllib``, ``json`` and ``yaml.safe_load`` only.
+returns an :class:`ImportedConfig` (None for any other file). Inputs are data: ``shlex`` and
+``specs.safe_io``'s bounded TOML, JSON and YAML parsers only.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import yaml
 
 from paraplan.importers.common import ImportedConfig, ImportError_
 from paraplan.importers.deepspeed import looks_like_deepspeed, read_deepspeed
 from paraplan.importers.megatron import looks_like_megatron, read_megatron
 from paraplan.importers.nanotron import looks_like_nanotron, read_nanotron
 from paraplan.importers.torchtitan import looks_like_torchtitan, parse_toml, read_torchtitan
+from paraplan.specs.safe_io import parse_json, parse_yaml
 
 
 def read_trainer_config(path: Path, text: str) -> ImportedConfig | None:
@@ -28,19 +26,13 @@ def read_trainer_config(path: Path, text: str) -> ImportedConfig | None:
     if suffix in (".sh", ".bash", ".args", ".txt") or looks_like_megatron(text):
         return read_megatron(text, where) if looks_like_megatron(text) else None
     if suffix == ".toml":
-        data = parse_toml(text)
+        data = parse_toml(text, where)
         return read_torchtitan(data, where) if looks_like_torchtitan(data) else None
     if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return None
+        data = parse_json(text, "trainer config", where)
         return read_deepspeed(data, where) if looks_like_deepspeed(data) else None
     if suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
-            return None
+        data = parse_yaml(text, "trainer config", where)
         return read_nanotron(data, where) if looks_like_nanotron(data) else None
     return None
 

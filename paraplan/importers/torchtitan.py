@@ -10,10 +10,10 @@ pipelining and 2 with it (torchtitan ``models/llama3/infra/parallelize.py``:
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
+from paraplan.specs import safe_io
 from paraplan.specs.plan import ParallelPlan
 
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
@@ -23,11 +23,8 @@ def looks_like_torchtitan(data: dict[str, Any]) -> bool:
     return isinstance(data.get("parallelism"), dict) and isinstance(data.get("training"), dict)
 
 
-def parse_toml(text: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ImportError_(f"not a TOML file: {exc}", field="torchtitan") from None
+def parse_toml(text: str, where: str = "torchtitan config") -> dict[str, Any]:
+    return safe_io.parse_toml(text, "trainer config", where)
 
 
 def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:

@@ -361,8 +361,21 @@ class ClusterSpec(StrictModel):
                 value=num_nodes,
                 allowed="omit --nodes for multi-group clusters",
             )
-        group = self.node_groups[0].model_copy(update={"num_nodes": num_nodes})
-        return self.model_copy(update={"node_groups": [group]})
+        # Validated like a YAML cluster (model_copy would skip the field limits).
+        from pydantic import ValidationError
+
+        group = self.node_groups[0]
+        try:
+            group = type(group).model_validate(
+                {**{k: getattr(group, k) for k in type(group).model_fields},
+                 "num_nodes": num_nodes})
+            return type(self).model_validate(
+                {**{k: getattr(self, k) for k in type(self).model_fields},
+                 "node_groups": [group]})
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            raise SpecError(f"--nodes={num_nodes}: {err.get('msg', 'invalid')}", field="nodes",
+                            value=num_nodes) from None
 
     def describe(self) -> dict:
         """JSON-ready summary for ``paraplan describe --cluster``."""

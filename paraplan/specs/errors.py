@@ -7,6 +7,7 @@ into it, so a malformed spec never surfaces as a traceback.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from pydantic import ValidationError
@@ -37,8 +38,20 @@ class SpecError(ValueError):
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A bounded ``repr``: containers show a few items and long strings/ints are cut before
+    they are formatted (a YAML alias bomb's value is never expanded into text)."""
+    shown = _REPR.repr(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def _bounded_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 2, 4, 4, 4, 4
+    r.maxstring, r.maxlong, r.maxother = 60, 40, 60
+    return r
+
+
+_REPR = _bounded_repr()
 
 
 def from_validation_error(exc: ValidationError, where: str) -> SpecError:

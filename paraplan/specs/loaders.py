@@ -1,24 +1,29 @@
 """Load specs by preset name or from files (YAML, Hugging Face config.json).
 
-Inputs are data, never code: ``yaml.safe_load`` and ``json.load`` only. Every failure (unknown
-name, missing file, malformed YAML/JSON, unknown key, bad value) raises ``SpecError``.
+Inputs are data, never code, read within bounds (``safe_io``: size limits, no alias bombs, no
+duplicate keys, no tags). Every failure (unknown name, missing file, malformed YAML/JSON,
+unknown key, bad value) raises ``SpecError``.
 """
 
 from __future__ import annotations
 
 import csv
 import difflib
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from paraplan.specs.cluster import ClusterSpec, GemmTable, GPUSpec, LinkSpec
 from paraplan.specs.errors import SpecError, from_validation_error
 from paraplan.specs.hf_config import model_from_hf_config
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.safe_io import (
+    MAX_TABLE_BYTES,
+    parse_json,
+    parse_yaml,
+    read_user_text,
+)
 from paraplan.specs.trainer import TrainerSpec
 
 KINDS = ("gpus", "links", "clusters", "models", "trainers")
@@ -47,24 +52,23 @@ def _as_path(value: str) -> Path | None:
         return None
 
 
-def _read_text(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read {what} file {str(path)!r}: {exc}", field=what,
-                        value=str(path)) from None
+def _preset(kind: str, ref: str) -> Path | None:
+    """The bundled profile file ``ref`` names, if any (a path, an over-long or odd name is not
+    a preset name and never reaches the file system as one)."""
+    if not ref or len(ref) > 128 or any(c in ref for c in "/\\\0") or ref.startswith("."):
+        return None
+    path = profiles_dir() / kind / f"{ref}.yaml"
+    return path if path.is_file() else None
+
+
+def _read_text(path: Path, what: str, limit: int | None = None) -> str:
+    """A user file's text, bounded (``safe_io.read_user_text``)."""
+    return read_user_text(path, what) if limit is None else read_user_text(path, what, limit)
 
 
 def read_yaml(path: Path, what: str) -> dict[str, Any]:
     """Parse a YAML file that must hold a mapping."""
-    text = _read_text(path, what)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{what} file {str(path)!r} is not valid YAML{where}", field=what,
-                        value=str(path)) from None
+    data = parse_yaml(_read_text(path, what), what, str(path))
     if not isinstance(data, dict):
         raise SpecError(f"{what} file {str(path)!r} must hold a mapping of keys to values, got "
                         f"{type(data).__name__}", field=what, value=str(path))
@@ -103,8 +107,8 @@ def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str,
     if not isinstance(ref, str) or not ref:
         raise SpecError(f"{where}={ref!r} must be a {kind[:-1]} name, a YAML path or a mapping",
                         field=where, value=ref, allowed=list_profiles(kind))
-    preset = profiles_dir() / kind / f"{ref}.yaml"
-    if "/" not in ref and "\\" not in ref and preset.is_file():
+    preset = _preset(kind, ref)
+    if preset is not None:
         return _build(cls, resolve(read_yaml(preset, where)), where)
     path = _as_path(ref)
     if path is not None and path.is_file():
@@ -139,7 +143,8 @@ def load_gemm_table(name: str) -> GemmTable:
                         field="gemm_table.csv", value=meta["csv"])
     cells: dict[tuple[int, int, int], list[float]] = {}
     try:
-        for row in csv.DictReader(_read_text(folder / meta["csv"], "gemm_table").splitlines()):
+        for row in csv.DictReader(_read_text(folder / meta["csv"], "gemm_table",
+                                             MAX_TABLE_BYTES).splitlines()):
             if row["dtype"] != meta["dtype"]:
                 continue
             key = (int(row["b"]) * int(row["m"]), int(row["n"]), int(row["k"]))
@@ -196,8 +201,8 @@ def load_model(ref: str | ModelSpec) -> ModelSpec:
     if not isinstance(ref, str) or not ref:
         raise SpecError(f"model={ref!r} must be a preset name or a file path", field="model",
                         value=ref, allowed=list_profiles("models"))
-    preset = profiles_dir() / "models" / f"{ref}.yaml"
-    if "/" not in ref and "\\" not in ref and preset.is_file():
+    preset = _preset("models", ref)
+    if preset is not None:
         return _build(ModelSpec, read_yaml(preset, "model"), "model")
     path = _as_path(ref)
     if path is None:
@@ -207,11 +212,7 @@ def load_model(ref: str | ModelSpec) -> ModelSpec:
         if not path.is_file():
             raise SpecError(f"directory {ref!r} has no config.json", field="model", value=ref)
     if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(_read_text(path, "model"))
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"model file {str(path)!r} is not valid JSON: {exc.msg} at line "
-                            f"{exc.lineno}", field="model", value=str(path)) from None
+        data = parse_json(_read_text(path, "model"), "model file", str(path))
         if isinstance(data, dict) and "num_layers" in data and "hidden_size" in data:
             return _build(ModelSpec, data, "model")  # a paraplan model written as JSON
         name = path.parent.name if path.name == "config.json" else path.stem
@@ -222,7 +223,7 @@ def load_model(ref: str | ModelSpec) -> ModelSpec:
 
 
 def _region_links_from_csv(path: Path) -> list[dict[str, Any]]:
-    text = _read_text(path, "region_links_csv")
+    text = _read_text(path, "region_links_csv", MAX_TABLE_BYTES)
     rows = []
     try:
         for row in csv.DictReader(text.splitlines()):
@@ -298,8 +299,8 @@ def load_cluster(ref: str | ClusterSpec, nodes: int | None = None) -> ClusterSpe
         if not isinstance(ref, str) or not ref:
             raise SpecError(f"cluster={ref!r} must be a preset name or a YAML path",
                             field="cluster", value=ref, allowed=list_profiles("clusters"))
-        preset = profiles_dir() / "clusters" / f"{ref}.yaml"
-        if "/" not in ref and "\\" not in ref and preset.is_file():
+        preset = _preset("clusters", ref)
+        if preset is not None:
             path = preset
         else:
             path = _as_path(ref)

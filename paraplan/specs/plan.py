@@ -6,13 +6,13 @@ pipeline-model-parallel size, cp = context-parallel size, ep = expert-model-para
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from paraplan.specs.base import StrictModel
 from paraplan.specs.errors import SpecError, from_validation_error
+from paraplan.specs.safe_io import parse_json
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
 Recompute = Literal["none", "selective", "op", "full"]
@@ -225,16 +225,16 @@ def parse_plan(text: str | dict[str, Any]) -> ParallelPlan:
     """
     if isinstance(text, dict):
         data = text.get("plan", text) if isinstance(text.get("plan"), dict) else text
+    elif not isinstance(text, str):
+        raise SpecError(f"a plan must be a mapping of plan keys (or inline text such as "
+                        f"tp=8,pp=4,mbs=1), not a {type(text).__name__}", field="plan",
+                        value=type(text).__name__)
     else:
         stripped = text.strip()
-        if not stripped:
+        if not stripped.replace(",", "").strip():
             raise SpecError("plan is empty; write e.g. tp=8,pp=4,mbs=1", field="plan", value=text)
         if stripped.startswith("{"):
-            try:
-                data = json.loads(stripped)
-            except json.JSONDecodeError as exc:
-                raise SpecError(f"plan JSON is malformed: {exc.msg} at character {exc.pos}",
-                                field="plan", value=text) from None
+            data = parse_json(stripped, "plan JSON", "--plan")
             if not isinstance(data, dict):
                 raise SpecError("plan JSON must be an object", field="plan", value=text)
             if isinstance(data.get("plan"), dict):
@@ -254,6 +254,9 @@ def parse_plan(text: str | dict[str, Any]) -> ParallelPlan:
                     )
                 key, raw = item.split("=", 1)
                 key = ALIASES.get(key.strip().lower(), key.strip().lower())
+                if key in data:
+                    raise SpecError(f"plan sets {key} twice ({item!r}); give each key once",
+                                    field=f"plan.{key}", value=raw)
                 try:
                     data[key] = _coerce_inline(key, raw.strip())
                 except ValueError:

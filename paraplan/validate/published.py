@@ -16,6 +16,7 @@ How each CSV row becomes specs (clusters, defaults, per-source rules) is in
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from paraplan.specs import (
     SpecError,
     TrainingSpec,
 )
+from paraplan.specs.safe_io import MAX_TABLE_BYTES, read_user_text
 from paraplan.validate.conventions import (
     RunShape,
     step_time_from_metric,
@@ -96,11 +98,11 @@ class MemoryCase(_Case):
 
 def _read_rows(path: str | Path | None, default: Path) -> list[dict[str, Any]]:
     target = Path(path) if path is not None else default
+    text = read_user_text(target, "published-runs", MAX_TABLE_BYTES)
     try:
-        with target.open(newline="", encoding="utf-8") as handle:
-            return list(csv.DictReader(handle))
-    except OSError as exc:
-        raise SpecError(f"cannot read published-runs file {str(target)!r}: {exc}",
+        return list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as exc:
+        raise SpecError(f"published-runs file {str(target)!r} is not a readable CSV: {exc}",
                         field="path", value=str(target)) from None
 
 
