@@ -136,6 +136,7 @@ BEST = ("best", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
 
 def test_best_json_contract(tmp_path: Path) -> None:
     out = tmp_path / "sub" / "best.json"
+    out.parent.mkdir()
     res = run(*BEST, "--top", "3", "--format", "json", "--explain", "--export", "json",
               "--out", str(out))
     assert res.returncode == 0, res.stderr

@@ -187,6 +187,7 @@ def test_chrome_trace(gpt350m, two_nodes, plan, passes):
 
 def test_write_chrome_trace_and_infeasible(tmp_path, gpt350m, two_nodes):
     rep = report_of(gpt350m, two_nodes, "tp=8,pp=1,mbs=1")
+    (tmp_path / "t").mkdir()
     path = write_chrome_trace(rep, tmp_path / "t" / "trace.json")
     data = json.loads(path.read_text())
     assert [e for e in data["traceEvents"] if e.get("cat") == "p2p"] == []  # pp=1: no sends
@@ -275,6 +276,7 @@ def test_sensitivity_figure_bad_frame():
 # ---- CLI -----------------------------------------------------------------------------------
 def test_cli_simulate_trace_and_plot(tmp_path):
     trace, plot = tmp_path / "out" / "t.json", tmp_path / "out" / "tl.png"
+    trace.parent.mkdir()
     res = run("simulate", *SIM_ARGS, "--plan", "tp=2,pp=4,mbs=1", "--trace", str(trace),
               "--plot", str(plot), "--format", "json")
     assert res.returncode == 0, res.stderr

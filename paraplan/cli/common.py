@@ -3,7 +3,6 @@ times, and the files a report writes (--plot, --trace)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from enum import StrEnum
 from typing import Annotated, Any
@@ -12,6 +11,7 @@ import typer
 from rich.console import Console
 
 from paraplan.specs import SpecError
+from paraplan.specs.safe_io import dumps_json
 
 
 class Format(StrEnum):
@@ -25,8 +25,8 @@ FormatOpt = Annotated[
 
 
 def emit_json(data: Any) -> None:
-    """Write one JSON document to stdout."""
-    sys.stdout.write(json.dumps(data, indent=2, default=json_default) + "\n")
+    """Write one JSON document to stdout (standard JSON only, see ``safe_io.dumps_json``)."""
+    sys.stdout.write(dumps_json(data, indent=2, default=json_default) + "\n")
 
 
 def json_default(value: Any) -> Any:

@@ -71,10 +71,10 @@ def export_text(fmt: str, ctx: ExportContext, *, report: dict[str, Any] | None =
     Raises:
         ExportError: unknown format, or the plan cannot be written for that trainer.
     """
-    import json
+    from paraplan.specs.safe_io import dumps_json
 
     if fmt == "json":
-        return json.dumps(plan_document(ctx, report=report, search=search), indent=2) + "\n"
+        return dumps_json(plan_document(ctx, report=report, search=search), indent=2) + "\n"
     exporter = EXPORTERS.get(fmt)
     if exporter is None:
         raise ExportError(f"unknown export format {fmt!r}", field="--to", value=fmt,

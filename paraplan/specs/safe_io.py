@@ -12,6 +12,7 @@ the limit; nothing here formats the offending value whole.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import tomllib
@@ -230,3 +231,21 @@ def _quote(text: str, limit: int = 200) -> str:
     """``repr`` of a name, cut to ``limit`` characters (error messages stay one short line)."""
     shown = repr(text)
     return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
+
+
+def dumps_json(data: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that writes standard JSON only: a non-finite number (which most parsers
+    reject as ``NaN``/``Infinity``) becomes null."""
+    default = kwargs.pop("default", None)
+    plain = json.loads(json.dumps(data, default=default)) if default else data
+    return json.dumps(_finite(plain), allow_nan=False, **kwargs)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

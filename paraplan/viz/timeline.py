@@ -6,8 +6,7 @@ per-stage pass times to draw every forward (F), backward (B) and weight-gradient
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
@@ -91,28 +90,21 @@ def check_figure_path(path: str | Path, field: str = "--plot") -> Path:
 
 
 def save_figure(fig: plt.Figure, path: str | Path, *, field: str = "--plot") -> Path:
-    """Write ``fig`` atomically (temporary file + rename); the format follows the suffix.
+    """Write ``fig`` atomically (``export.files.write_atomic``); the format follows the suffix.
 
     Raises:
         SpecError: the file or its directory cannot be written (names ``field``).
     """
-    target = Path(path)
-    suffix = target.suffix or ".png"
-    tmp: str | None = None
+    from paraplan.export.files import check_target, write_atomic
+
+    target = check_target(path, field)
+    suffix = (target.suffix or ".png").lstrip(".").lower()
+    buf = io.BytesIO()
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".paraplan-", suffix=suffix, dir=target.parent)
-        os.close(fd)
-        fig.savefig(tmp, dpi=130)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise SpecError(f"cannot write {field} {str(target)!r}: {exc.strerror or exc}",
-                        field=field, value=str(target)) from None
+        fig.savefig(buf, dpi=130, format=suffix)
+    except ValueError as exc:
+        raise SpecError(f"cannot write {field} {str(target)!r}: {exc}", field=field,
+                        value=str(target)) from None
     finally:
         plt.close(fig)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    return write_atomic(target, buf.getvalue(), field=field)

@@ -12,10 +12,10 @@ visible. Timestamps and durations are microseconds (the format's unit).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from paraplan.specs.safe_io import dumps_json
 from paraplan.viz.events import report_timeline
 
 PIPELINE_PID = 0
@@ -100,4 +100,4 @@ def write_chrome_trace(report: dict[str, Any], path: str | Path, *,
     """
     from paraplan.export.files import write_atomic
 
-    return write_atomic(path, json.dumps(chrome_trace(report)) + "\n", field=field)
+    return write_atomic(path, dumps_json(chrome_trace(report)) + "\n", field=field)
