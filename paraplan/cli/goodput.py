@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -39,9 +40,15 @@ def goodput_section(report: dict[str, Any], model: Any, mtbf_hours: float | None
             raise SpecError(f"{(extra or ['--preemption-rate'])[0]} needs --mtbf-hours (goodput "
                             "under failures)", field="--mtbf-hours", value=None)
         return None
-    if storage_gbps is not None and not storage_gbps > 0:
-        raise SpecError(f"--storage-GBps={storage_gbps!r} must be > 0", field="--storage-GBps",
-                        value=storage_gbps, allowed="> 0")
+    if storage_gbps is not None and not (math.isfinite(storage_gbps)
+                                         and 1e-3 <= storage_gbps <= 1e7):
+        raise SpecError(f"--storage-GBps={storage_gbps!r} must be a number from 0.001 to 1e+07",
+                        field="--storage-GBps", value=storage_gbps, allowed="0.001..1e7")
+    flags = {"--mtbf-hours": mtbf_hours, **given, "--preemption-rate": preempt}
+    for flag, value in flags.items():
+        if value is not None and not math.isfinite(value):
+            raise SpecError(f"{flag}={value!r} must be a finite number", field=flag,
+                            value=value)
     size = checkpoint_bytes(model.num_params)
     # Seconds to write (or reload) the whole checkpoint at the storage bandwidth.
     transfer_s = None if storage_gbps is None else size / (storage_gbps * 1e9)

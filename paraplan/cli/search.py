@@ -83,7 +83,8 @@ def best(
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="Preset or cluster YAML.")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per step.")],
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")],
-    nodes: Annotated[int | None, typer.Option("--nodes", "-n", help="Number of nodes.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", "-n", min=1, max=1_000_000,
+                                              help="Number of nodes.")] = None,
     top: Annotated[int, typer.Option("--top", "-k", min=1, max=1000,
                                      help="How many plans to show.")] = 10,
     searcher: Annotated[Searcher, typer.Option(
@@ -98,7 +99,8 @@ def best(
     export: Annotated[ExportFormat | None, typer.Option(
         help="Write the best plan for a trainer, or as a plan JSON (needs --out).")] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="File for --export.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1,
+                                      help="Seed of the evolutionary searcher.")] = 0,
     plot: Annotated[str | None, typer.Option(
         "--plot", help="Write the best plan's pipeline timeline and memory per stage to this "
         "PNG/SVG/PDF.")] = None,
@@ -279,8 +281,8 @@ def pareto(
     cluster: Annotated[str, typer.Option("--cluster", "-c", help="Preset or cluster YAML.")],
     global_batch: Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per step.")],
     seq_len: Annotated[int, typer.Option("--seq-len", "-s", help="Tokens per sequence.")],
-    nodes: Annotated[str, typer.Option(
-        "--nodes", "-n", help="Node counts to compare, e.g. 4,8,16,32.")] = "",
+    nodes: Annotated[str | None, typer.Option(
+        "--nodes", "-n", help="Node counts to compare, e.g. 4,8,16,32.")] = None,
     fix: Annotated[str | None, typer.Option(help="Pin parts of the plan, e.g. tp=8.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="At most this many points.")] = 25,
     precision: Annotated[str, typer.Option(help="bf16, fp16, fp8 or fp32.")] = "bf16",
@@ -298,10 +300,14 @@ def pareto(
     from paraplan.search.space import parse_fix
 
     try:
-        sizes = [int(x) for x in nodes.replace(" ", ",").split(",") if x.strip()]
+        sizes = [] if nodes is None else [int(x) for x in nodes.replace(" ", ",").split(",")
+                                          if x.strip()]
     except ValueError:
-        raise SpecError(f"--nodes={nodes!r} must be node counts like 4,8,16", field="--nodes",
-                        value=nodes) from None
+        sizes = [0]
+    if nodes is not None and (not sizes or not all(1 <= n <= 1_000_000 for n in sizes)):
+        raise SpecError(f"--nodes={nodes[:60]!r} must be node counts from 1 to 1,000,000 like "
+                        "4,8,16 (omit it to let pareto choose)", field="--nodes",
+                        value=nodes[:60])
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster)
     training = read_training(global_batch, seq_len, precision)

@@ -18,7 +18,8 @@ def validate_dtfm_cmd(
     scenario: Annotated[list[str] | None, typer.Option(
         "--scenario", help="datacenter, spot, multi-university, regional or worldwide "
         "(repeat; default: all five).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the evolutionary searcher.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1,
+                                      help="Seed of the evolutionary searcher.")] = 0,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """DT-FM reproduction: GPT-3 XL on the five dtfm-* scenarios, topology-aware scheduling vs

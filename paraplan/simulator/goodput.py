@@ -88,15 +88,17 @@ def goodput(num_gpus: int, *, mtbf_h: float, checkpoint_write_s: float, restart_
     Raises:
         SpecError: an input is out of range (the message names it).
     """
-    checks = (("mtbf_hours", mtbf_h, mtbf_h > 0, "> 0"),
-              ("checkpoint_write_s", checkpoint_write_s, checkpoint_write_s >= 0, ">= 0"),
-              ("restart_s", restart_s, restart_s >= 0, ">= 0"),
-              ("preemption_per_gpu_hour", preempt_per_h, preempt_per_h >= 0, ">= 0"),
-              ("num_gpus", num_gpus, num_gpus >= 1, ">= 1"))
-    for name, value, ok, allowed in checks:
-        if not ok or value != value:
-            raise SpecError(f"{name}={value!r} must be {allowed}", field=name, value=value,
-                            allowed=allowed)
+    # Physically sensible ranges: a finite value far outside them is a typo, and an infinite
+    # or tiny one makes a part of the answer free or overflows Daly's exponentials.
+    checks = (("mtbf_hours", mtbf_h, 1e-3, 1e9),
+              ("checkpoint_write_s", checkpoint_write_s, 0.0, 1e7),
+              ("restart_s", restart_s, 0.0, 1e7),
+              ("preemption_per_gpu_hour", preempt_per_h, 0.0, 1e3),
+              ("num_gpus", num_gpus, 1, 1e9))
+    for name, value, lo, hi in checks:
+        if not (isinstance(value, int | float) and math.isfinite(value) and lo <= value <= hi):
+            raise SpecError(f"{name}={value!r} must be a number from {lo:g} to {hi:g}",
+                            field=name, value=value, allowed=f"{lo:g}..{hi:g}")
     if interval_s is not None and not interval_s > 0:
         raise SpecError(f"checkpoint_interval_s={interval_s!r} must be > 0",
                         field="checkpoint_interval_s", value=interval_s, allowed="> 0")

@@ -35,7 +35,7 @@ class GemmTable(StrictModel):
     """
 
     name: str
-    reference_peak_tflops: float = Field(gt=0)
+    reference_peak_tflops: float = Field(gt=0, le=1e6)
     """Dense 16-bit peak of the GPU the table was measured on (to scale to other parts)."""
     m: list[int] = Field(min_length=1)
     n: list[int] = Field(min_length=1)
@@ -52,6 +52,11 @@ class GemmTable(StrictModel):
     def _grid(self) -> GemmTable:
         if len(self.tflops) != len(self.m) * len(self.n) * len(self.k):
             raise ValueError("tflops must have len(m)*len(n)*len(k) entries")
+        bad = next((t for t in self.tflops if not 0 < t <= self.reference_peak_tflops * 1.5),
+                   None)
+        if bad is not None:
+            raise ValueError(f"tflops={bad} must be > 0 and at most 1.5x "
+                             f"reference_peak_tflops={self.reference_peak_tflops:g}")
         for axis in (self.m, self.n, self.k):
             if axis != sorted(set(axis)) or axis[0] <= 0:
                 raise ValueError("grid axes must be strictly increasing positive sizes")
@@ -108,7 +113,7 @@ class GPUSpec(StrictModel):
     """Streaming multiprocessors (compute units): GEMM tiles run in waves of this many."""
     memory_GiB: float = Field(gt=0, le=100_000)
     """Device memory capacity, GiB (2^30 bytes)."""
-    memory_bandwidth_GBps: float = Field(gt=0)
+    memory_bandwidth_GBps: float = Field(gt=0, le=1e6)
     """Peak device-memory bandwidth, GB/s (1e9 bytes/s)."""
     peak_tflops: dict[Literal["bf16", "fp16", "fp32", "tf32", "fp8"], float]
     """Dense tensor-core peak per dtype, TFLOP/s (1e12 FLOP/s)."""
@@ -131,8 +136,8 @@ class GPUSpec(StrictModel):
     public figure exists. Memory bandwidth is not scaled."""
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
-    tdp_W: float | None = Field(default=None, gt=0)
-    price_per_hour_usd: float | None = Field(default=None, ge=0)
+    tdp_W: float | None = Field(default=None, gt=0, le=1e5)
+    price_per_hour_usd: float | None = Field(default=None, ge=0, le=1e6)
     scale_up_link: str | None = None
     form_factor: Literal["sxm", "pcie", "oam", "other"] | None = None
     notes: str | None = None
@@ -143,8 +148,8 @@ class GPUSpec(StrictModel):
         if not self.peak_tflops:
             raise ValueError("peak_tflops needs at least one dtype (bf16, fp16, fp32, tf32, fp8)")
         for dtype, value in self.peak_tflops.items():
-            if not value > 0:
-                raise ValueError(f"peak_tflops.{dtype}={value} must be > 0")
+            if not 0 < value <= 1e6:
+                raise ValueError(f"peak_tflops.{dtype}={value} must be > 0 and <= 1e6")
         return self
 
     def peak_flops(self, dtype: str) -> float:
@@ -162,9 +167,9 @@ class LinkSpec(StrictModel):
     name: str = Field(min_length=1)
     display_name: str | None = None
     kind: Literal["nvlink", "xgmi", "pcie", "infiniband", "roce", "ethernet", "efa", "wan"]
-    bandwidth_GBps: float = Field(gt=0)
+    bandwidth_GBps: float = Field(gt=0, le=1e6)
     """One-direction bandwidth, GB/s (1e9 bytes/s)."""
-    latency_us: float = Field(ge=0)
+    latency_us: float = Field(ge=0, le=1e7)
     """Per-message latency an alpha-beta model should charge, microseconds."""
     efficiency: float = Field(default=0.8, gt=0, le=1.2)
     """Fraction of bandwidth large collectives achieve (NCCL busbw / spec); >1 with SHARP."""
@@ -233,8 +238,8 @@ class RegionLink(StrictModel):
 
     a: str
     b: str
-    latency_ms: float = Field(ge=0)
-    bandwidth_Gbps: float = Field(gt=0)
+    latency_ms: float = Field(ge=0, le=1e6)
+    bandwidth_Gbps: float = Field(gt=0, le=1e7)
 
 
 class ClusterSpec(StrictModel):

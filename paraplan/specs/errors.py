@@ -37,7 +37,7 @@ class SpecError(ValueError):
         self.allowed = allowed
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
     """A bounded ``repr``: containers show a few items and long strings/ints are cut before
     they are formatted (a YAML alias bomb's value is never expanded into text)."""
     shown = _REPR.repr(value)
@@ -78,5 +78,5 @@ def from_validation_error(exc: ValidationError, where: str) -> SpecError:
         elif err.get("type") == "missing":
             parts.append(f"{field}: required field is missing")
         else:
-            parts.append(f"{field}={_short(err.get('input'))}: {msg}")
+            parts.append(f"{field}={short_repr(err.get('input'))}: {msg}")
     return SpecError("; ".join(parts), field=first_field, value=first_value)

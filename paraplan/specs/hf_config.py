@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from paraplan.specs.errors import SpecError, from_validation_error
+from paraplan.specs.errors import SpecError, from_validation_error, short_repr
 from paraplan.specs.model import ModelSpec
 
 # Families whose MLP is gated (3 matrices) with a SiLU/GELU gate.
@@ -21,17 +21,22 @@ _GATED_GELU = {"gemma", "gemma2"}
 _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2"}
 
 
-def _int(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = True) -> Any:
+def _int(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = True,
+         positive: bool = False) -> Any:
     for key in keys:
         if key in cfg and cfg[key] is not None:
             value = cfg[key]
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(
-                    f"config.json key {key}={value!r} must be an integer",
+                    f"config.json key {key}={short_repr(value)} must be an integer",
                     field=key,
                     value=value,
                     allowed="integer",
                 )
+            if (positive and value <= 0) or value < 0:
+                raise SpecError(f"config.json key {key}={value} must be "
+                                f"{'> 0' if positive else '>= 0'}", field=key, value=value,
+                                allowed="> 0" if positive else ">= 0")
             return value
     if required and default is None:
         raise SpecError(
@@ -56,12 +61,12 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
             allowed="a JSON object with hidden_size, num_hidden_layers, ...",
         )
     model_type = str(cfg.get("model_type", "")).lower()
-    hidden = _int(cfg, "hidden_size", "n_embd", "d_model")
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads")
+    hidden = _int(cfg, "hidden_size", "n_embd", "d_model", positive=True)
+    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", positive=True)
+    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", positive=True)
     kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads)
     ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden)
-    vocab = _int(cfg, "vocab_size", "padded_vocab_size")
+    vocab = _int(cfg, "vocab_size", "padded_vocab_size", positive=True)
     head_dim = _int(cfg, "head_dim", required=False)
     max_pos = _int(cfg, "max_position_embeddings", "n_positions", "n_ctx", required=False)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu"))).lower()
@@ -107,11 +112,33 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         if moe_ffn:
             fields["moe_ffn_hidden_size"] = moe_ffn
         shared = _int(cfg, "n_shared_experts", required=False) or 0
-        if model_type == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") and moe_ffn:
-            shared = cfg["shared_expert_intermediate_size"] // moe_ffn
+        shared_ffn = _int(cfg, "shared_expert_intermediate_size", required=False)
+        if model_type == "qwen2_moe" and shared_ffn and moe_ffn:
+            shared = shared_ffn // moe_ffn
         fields["num_shared_experts"] = shared
         fields["first_dense_layers"] = _int(cfg, "first_k_dense_replace", default=0)
     try:
         return ModelSpec(**fields)
     except ValidationError as exc:
-        raise from_validation_error(exc, "config.json") from None
+        err = from_validation_error(exc, "config.json")
+        # Name the file's own keys, not paraplan's (num_hidden_layers, not num_layers).
+        text = str(err)
+        for ours, theirs in _HF_KEYS.items():
+            present = next((k for k in theirs if k in cfg), None)
+            if present:
+                text = text.replace(f"config.json.{ours}", f"config.json key {present}")
+        raise SpecError(text, field=err.field, value=err.value) from None
+
+
+_HF_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "num_experts": ("num_local_experts", "n_routed_experts", "num_experts"),
+    "moe_top_k": ("num_experts_per_tok", "moe_top_k"),
+    "moe_ffn_hidden_size": ("moe_intermediate_size",),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx"),
+}
