@@ -99,6 +99,9 @@ class MemoryCase(_Case):
 def _read_rows(path: str | Path | None, default: Path) -> list[dict[str, Any]]:
     target = Path(path) if path is not None else default
     text = read_user_text(target, "published-runs", MAX_TABLE_BYTES)
+    # Read over-long cells whole (bounded by the file limit) so only their own row is skipped
+    # (row_cells.cell refuses them); Python's default limit would stop the whole file.
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_TABLE_BYTES))
     try:
         return list(csv.DictReader(io.StringIO(text, newline="")))
     except csv.Error as exc:

@@ -3,10 +3,12 @@ position in errors, model families."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel
 
+from paraplan.specs.errors import short_repr
 from paraplan.specs.loaders import _build
 
 
@@ -14,24 +16,37 @@ class SkipRow(Exception):
     """The row cannot be turned into specs; the message is the skip reason."""
 
 
+MAX_CELL_CHARS = 131_072
+"""Longest cell a row may hold (Python csv's default field limit); a longer one skips its row."""
+
+
 def cell(row: dict[str, Any], key: str) -> str:
-    return str(row.get(key) or "").strip()
+    text = str(row.get(key) or "").strip()
+    if len(text) > MAX_CELL_CHARS:
+        raise SkipRow(f"column {key} holds {len(text):,} characters, over the "
+                      f"{MAX_CELL_CHARS:,}-character limit")
+    return text
 
 
 def number(text: str, key: str) -> float:
     try:
-        return float(text.replace(",", "").rstrip("%").strip())
+        value = float(text.replace(",", "").rstrip("%").strip())
     except ValueError:
-        raise SkipRow(f"column {key}={text!r} is not a number") from None
+        raise SkipRow(f"column {key}={short_repr(text)} is not a number") from None
+    if not math.isfinite(value):
+        raise SkipRow(f"column {key}={short_repr(text)} is not a finite number")
+    return value
 
 
 def int_cell(row: dict[str, Any], key: str) -> int | None:
+    """A count column (GPUs, degrees, batch sizes, layers): a whole number >= 1, or None when
+    empty; anything else skips the row with its reason (0 is never read as "not given")."""
     text = cell(row, key)
     if not text:
         return None
     value = number(text, key)
-    if value != int(value):
-        raise SkipRow(f"column {key}={text!r} is not a whole number")
+    if value != int(value) or value < 1 or value > 1e9:
+        raise SkipRow(f"column {key}={short_repr(text)} must be a whole number from 1 to 1e9")
     return int(value)
 
 
