@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -116,3 +117,39 @@ def test_run_under_torchrun():
     out = json.loads(line[len("RESULT "):])
     assert [r["rank"] for r in out] == [0, 1]
     assert all(r["sum"] == [3.0] * 4 and r["tag"] == "torchrun" for r in out)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an orphan's zombie may wait for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_ranks_never_outlive_their_launcher(tmp_path, sig):
+    # A launcher killed by any signal (SIGKILL cannot be caught) takes its ranks with it:
+    # the kernel's parent-death signal plus each rank's parent watch; SIGTERM also runs the
+    # launcher's own cleanup (ranks killed, temporary directory removed).
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); from tests import executor_workers "
+            "as w; from paraplan.executor.launch import launch; "
+            "launch(w.hang_worker, 2, {'pid_dir': sys.argv[1]}, timeout_s=120)")
+    root = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path), root],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(_pids(tmp_path, 2)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = _pids(tmp_path, 2)
+    assert len(pids) == 2, parent.stderr.read().decode() if parent.poll() is not None else ""
+    parent.send_signal(sig)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), f"ranks {pids} outlived their launcher"

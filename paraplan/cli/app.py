@@ -9,6 +9,7 @@ import sys
 import typer
 
 from paraplan.cli import executor, export, profiles, search, simulate, validate
+from paraplan.cli.common import RunFailed
 from paraplan.specs import SpecError
 
 app = typer.Typer(
@@ -57,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
+    except RunFailed as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 3
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
     except typer.Exit as exc:
         return int(exc.exit_code or 0)
     except typer.Abort:

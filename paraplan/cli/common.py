@@ -14,6 +14,11 @@ from paraplan.specs import SpecError
 from paraplan.specs.safe_io import dumps_json
 
 
+class RunFailed(Exception):
+    """A real run (``paraplan run``, ``calibrate``, ``validate-executor``) started and failed:
+    exit code 3, distinct from bad input (2) and an internal error (1)."""
+
+
 class Format(StrEnum):
     table = "table"
     json = "json"

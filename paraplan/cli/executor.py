@@ -3,6 +3,7 @@ validate-executor`` (torch is imported only when one of them runs)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from paraplan.cli.common import Format, FormatOpt, emit_json
+from paraplan.cli.common import Format, FormatOpt, RunFailed, emit_json
 from paraplan.cli.inputs import read_plan
 from paraplan.specs import SpecError, load_cluster, load_model
 
@@ -35,6 +36,33 @@ def _plan_dict(text: str) -> dict[str, Any]:
     JSON or a ``best`` result (its best plan), as the executor's plan dict."""
     plan = read_plan(text, field="PLAN")
     return plan.model_dump(exclude_none=True, exclude_defaults=True)
+
+
+OversubscribeOpt = Annotated[bool, typer.Option(
+    "--oversubscribe", help="Run more CPU ranks than this machine has cores (timings then "
+    "measure contention, not the plan).")]
+
+
+def _check_cores(nproc: int, oversubscribe: bool) -> None:
+    """Refuse more gloo ranks than CPU cores unless the user says so (before any work)."""
+    import torch
+
+    if oversubscribe or torch.cuda.is_available():
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if nproc > cores:
+        raise SpecError(f"--nproc={nproc} is more ranks than this machine's {cores} CPU cores "
+                        "(each CPU rank needs one); lower it or pass --oversubscribe",
+                        field="--nproc", value=nproc, allowed=f"<= {cores}")
+
+
+def _check_profile_name(name: str) -> None:
+    if not (1 <= len(name) <= 128) or not name.isprintable():
+        raise SpecError(f"--name={name[:60]!r} must be 1-128 printable characters",
+                        field="--name", value=name[:60])
 
 
 def _exec_model(model: str | None, seq_len: int) -> dict[str, Any]:
@@ -64,6 +92,7 @@ def run_cmd(
                                 "YAML paraplan calibrate wrote).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds before the run is "
                                                              "ended.", min=1)] = 600,
+    oversubscribe: OversubscribeOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Train the executor's GPT with PLAN on NPROC real torch.distributed ranks (gloo on
@@ -101,12 +130,14 @@ def run_cmd(
                         value=plan) from None
     spec, training = model_spec(cfg), training_spec(config)
     sim_plan = simulator_plan(config, nproc)
+    spec_cluster = load_cluster(cluster) if cluster else None  # before the run, not after
+    _check_cores(nproc, oversubscribe)
     say = _progress(fmt != Format.json)
     say(f"running {sim_plan.short()} on {nproc} ranks, {steps} step(s)")
     try:
         results = launch(train_worker, nproc, config, timeout_s=timeout, num_threads=1)
     except ExecutorError as exc:
-        raise SpecError(f"the run failed: {exc}", field="run") from None
+        raise RunFailed(f"the run failed: {exc}") from None
     per_step, measured = step_times(results), measured_step_s(results, warmup=1)
     can_count = not unsupported(sim_plan)
     out: dict[str, Any] = {
@@ -123,7 +154,7 @@ def run_cmd(
                                            for r in range(nproc)]
         out["bytes_exact"] = bytes_exact(results, out["bytes_predicted_per_rank"], steps)
     if cluster:
-        report = simulate(spec, load_cluster(cluster), training, sim_plan,
+        report = simulate(spec, spec_cluster, training, sim_plan,
                           time_if_oom=True)
         out["predicted_step_s"] = report.step_time_s
         out["predicted_time_s"] = report.time_s
@@ -147,6 +178,7 @@ def calibrate_cmd(
     threads: Annotated[int, typer.Option("--threads", help="Torch threads per rank.",
                                          min=1, max=256)] = 1,
     name: Annotated[str, typer.Option("--name", help="Profile name.")] = "this-machine",
+    oversubscribe: OversubscribeOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Measure this machine (GEMM grid, memory bandwidth, fused attention, eager
@@ -157,11 +189,14 @@ def calibrate_cmd(
     """
     _need_torch()
     from paraplan.executor.calibrate import calibrate, calibration_cluster_yaml
-    from paraplan.export.files import write_atomic
+    from paraplan.export.files import check_target, write_atomic
 
     if not out.endswith((".yaml", ".yml")):
         raise SpecError(f"--out={out!r} must end in .yaml or .yml", field="--out",
                         value=out)
+    check_target(out, "--out")  # every option is checked before measuring starts
+    _check_profile_name(name)
+    _check_cores(nproc, oversubscribe)
     meas = calibrate(quick=quick, nproc=nproc, threads=threads,
                      progress=_progress(fmt != Format.json))
     path = write_atomic(out, calibration_cluster_yaml(meas, name=name))
@@ -185,6 +220,7 @@ def validate_executor_cmd(
                                               min=1, max=1000)] = None,
     save_profile: Annotated[str | None, typer.Option(
         "--save-profile", help="Also write the calibrated profile here.")] = None,
+    oversubscribe: OversubscribeOpt = False,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Run the executor with several DP/TP/PP/EP plans on this machine and compare each
@@ -195,14 +231,18 @@ def validate_executor_cmd(
     """
     _need_torch()
     from paraplan.executor.calibrate import calibrate, calibration_cluster_yaml
-    from paraplan.export.files import write_atomic
+    from paraplan.export.files import check_target, write_atomic
     from paraplan.validate.executor import validate_executor
 
     if nproc not in (2, 4):
         raise SpecError(f"--nproc={nproc} is not supported; use 2 or 4", field="--nproc",
                         value=nproc, allowed=[2, 4])
+    if save_profile is not None:
+        check_target(save_profile, "--save-profile")
+    spec = load_cluster(cluster) if cluster is not None else None
+    _check_cores(nproc, oversubscribe)
     say = _progress(fmt != Format.json)
-    if cluster is None:
+    if spec is None:
         say("calibrating this machine" + (" (quick)" if quick else ""))
         text = calibration_cluster_yaml(calibrate(quick=quick, nproc=nproc,
                                                   progress=say))
@@ -212,8 +252,6 @@ def validate_executor_cmd(
             profile = Path(tmp) / "this-machine.yaml"
             profile.write_text(text, encoding="utf-8")
             spec = load_cluster(str(profile))
-    else:
-        spec = load_cluster(cluster)
     result = validate_executor(spec, nproc=nproc, steps=steps or (5 if quick else 8),
                                progress=say)
     if fmt == Format.json:

@@ -43,9 +43,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from paraplan.executor.lifecycle import die_with_parent, sigterm_as_interrupt
+
 WorkerFn = Callable[[int, int, dict], dict]
 _BOOT = ("import sys; from paraplan.executor.launch import _worker_main; "
-         "_worker_main(sys.argv[1], int(sys.argv[2]))")
+         "_worker_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))")
 _POLL_S = 0.02
 _GRACE_S = 0.3  # after a first failure, let near-simultaneous failures land (earliest wins)
 _TAIL_LINES = 20
@@ -143,8 +145,10 @@ def _init_group(backend: str, rank: int, world_size: int, local_rank: int,
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _worker_main(workdir: str, rank: int) -> None:
+def _worker_main(workdir: str, rank: int, parent_pid: int | None = None) -> None:
     """Body of one launched worker process (see the module docstring)."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     root = Path(workdir)
     try:
         spec = json.loads((root / "spec.json").read_text(encoding="utf-8"))
@@ -275,13 +279,17 @@ def launch(fn: WorkerFn | str, nproc: int, config: dict, *, timeout_s: float = 3
                        OMP_NUM_THREADS=str(threads), PYTHONPATH=os.pathsep.join(paths))
             with open(root / f"rank{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-c", _BOOT, str(root), str(rank)], env=env,
+                    [sys.executable, "-c", _BOOT, str(root), str(rank), str(os.getpid())],
+                    env=env,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=os.name == "posix"))
-        return _supervise(procs, root, time.monotonic() + timeout_s, timeout_s)
+        with sigterm_as_interrupt():
+            return _supervise(procs, root, time.monotonic() + timeout_s, timeout_s)
     finally:
         _kill(procs)
         shutil.rmtree(root, ignore_errors=True)
+
+
 
 
 def _supervise(procs: list[subprocess.Popen], root: Path, deadline: float,

@@ -83,6 +83,14 @@ def parse_plan(plan: dict[str, Any], world_size: int) -> ExecPlan:
                          f"use {ep} or leave it out")
     known = {"tp", "pp", "dp", "ep", "sequence_parallel", "zero_stage", "micro_batch_size",
              "schedule", "layers_per_stage", "moe_capacity_factor", *_MUST_BE_ONE}
+    ignored = sorted(set(plan) - known)
+    if ignored:
+        # A knob the executor does not run would label a run with something it never did
+        # (compress=powersgd sending dense bytes, h=10 syncing every step).
+        key = ignored[0]
+        raise ValueError(f"plan.{key}={plan[key]!r} is not something the executor runs; "
+                         f"leave it out (it runs tp, pp, dp, ep, sp, zero 0/1, mbs, "
+                         f"gpipe/1f1b and layer splits)")
     return ExecPlan(tp, pp, int(dp), ep, bool(plan.get("sequence_parallel", False)), zero,
                     int(plan.get("micro_batch_size", 1)), schedule,
                     plan.get("layers_per_stage"), tuple(sorted(set(plan) - known)))
