@@ -175,14 +175,15 @@ def _resolve_gpu(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def load_gpu(ref: str | dict | GPUSpec) -> GPUSpec:
-    """A GPU by preset name (``h100-sxm``), YAML path or mapping."""
-    return _load_named("gpus", ref, GPUSpec, "gpu", resolve=_resolve_gpu)
+def load_gpu(ref: str | dict | GPUSpec, where: str = "gpu") -> GPUSpec:
+    """A GPU by preset name (``h100-sxm``), YAML path or mapping (``where`` names it in
+    errors as the user wrote it, e.g. ``node.gpu``)."""
+    return _load_named("gpus", ref, GPUSpec, where, resolve=_resolve_gpu)
 
 
-def load_link(ref: str | dict | LinkSpec) -> LinkSpec:
-    """A link by preset name (``ib-ndr``), YAML path or mapping."""
-    return _load_named("links", ref, LinkSpec, "link")
+def load_link(ref: str | dict | LinkSpec, where: str = "link") -> LinkSpec:
+    """A link by preset name (``ib-ndr``), YAML path or mapping (``where`` as in load_gpu)."""
+    return _load_named("links", ref, LinkSpec, where)
 
 
 def load_trainer(ref: str | dict | TrainerSpec) -> TrainerSpec:
@@ -243,6 +244,7 @@ def _region_links_from_csv(path: Path) -> list[dict[str, Any]]:
 def cluster_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> ClusterSpec:
     """Resolve names (GPUs, links, region CSVs) in a cluster mapping and validate it."""
     data = dict(data)
+    data_keys = set(data)
     if "node" in data:
         if "node_groups" in data:
             raise SpecError("cluster: give `node` (one node type) or `node_groups`, not both",
@@ -259,20 +261,23 @@ def cluster_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Clu
         raise SpecError("cluster needs `node` or a non-empty `node_groups` list",
                         field="cluster.node_groups", value=groups)
     resolved = []
+    single = "node" in data_keys
     for i, group in enumerate(groups):
         if not isinstance(group, dict):
             raise SpecError(f"cluster.node_groups[{i}] must be a mapping",
                             field=f"cluster.node_groups[{i}]", value=group)
         group = dict(group)
+        at = "cluster.node" if single else f"cluster.node_groups[{i}]"
         if "gpu" in group:
-            group["gpu"] = load_gpu(group["gpu"])
+            group["gpu"] = load_gpu(group["gpu"], f"{at}.gpu")
         for key in ("intra_node_link", "inter_node_link"):
             if group.get(key) is not None:
-                group[key] = load_link(group[key])
+                group[key] = load_link(group[key], f"{at}.{key}")
         resolved.append(group)
     data["node_groups"] = resolved
     if data.get("intra_region_link") is not None:
-        data["intra_region_link"] = load_link(data["intra_region_link"])
+        data["intra_region_link"] = load_link(data["intra_region_link"],
+                                              "cluster.intra_region_link")
     if "region_links_csv" in data:
         ref = data.pop("region_links_csv")
         if not isinstance(ref, str):
