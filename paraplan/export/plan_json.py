@@ -75,6 +75,10 @@ def read_plan_document(data: dict[str, Any]) -> ExportContext:
     for key in ("model", "training", "plan", "world_size"):
         if key not in data:
             raise ExportError(f"plan JSON has no {key!r}", field=key)
+        if key != "world_size" and not isinstance(data[key], dict):
+            raise ExportError(f"plan JSON {key} must be an object (a mapping of keys), not "
+                              f"{type(data[key]).__name__}", field=key,
+                              value=type(data[key]).__name__)
     try:
         model = ModelSpec(**data["model"])
     except (ValidationError, TypeError) as exc:

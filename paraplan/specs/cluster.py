@@ -272,7 +272,11 @@ class ClusterSpec(StrictModel):
                         f"region_links names region {end!r}, which no node group is in; "
                         f"regions are {sorted(regions)}"
                     )
-            pairs.add(frozenset((link.a, link.b)))
+            pair = frozenset((link.a, link.b))
+            if pair in pairs:
+                raise ValueError(f"region_links gives the pair {link.a!r}-{link.b!r} twice "
+                                 "(the answer would depend on their order); give it once")
+            pairs.add(pair)
         if len(regions) > 1:
             missing = [
                 (a, b)
