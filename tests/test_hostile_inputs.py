@@ -64,6 +64,11 @@ FILES = {
                               "shared_expert_intermediate_size": [1],
                               "num_experts_per_tok": 2, "vocab_size": 100}),
     "list.json": "[1, 2]",
+    "big.yaml": ("name: big-gpt\nnum_layers: 96\nhidden_size: 12288\nnum_attention_heads: 96\n"
+                 "ffn_hidden_size: 49152\nvocab_size: 50304\nactivation: gelu\n"
+                 "norm: layernorm\nposition_embedding: learned\n"
+                 "max_position_embeddings: 2048\nuse_bias: true\n"
+                 "tie_word_embeddings: false\n"),
     "regions.yaml": ("name: two\nnode_groups:\n"
                      "  - {name: a, gpu: a100-sxm-80gb, gpus_per_node: 8, num_nodes: 1, "
                      "intra_node_link: nvlink3, inter_node_link: ib-hdr, region: A}\n"
@@ -97,6 +102,12 @@ CASES = [
     (("describe", "--cluster", "duplink.yaml"), "'latency_us' twice"),
     (("describe", "--cluster", "dgx-h100", "--nodes", "10000000"), "--nodes"),
     (("describe", "--cluster", "regions.yaml"), "twice"),
+    (("run", "tp=1", "--nproc", "2", "--model", "big.yaml", "--seq-len", "256"),
+     "of this machine's"),
+    (("run", "tp=1,compress=powersgd,rank=4", "--nproc", "2"), "not something the executor"),
+    (("run", "tp=1", "--nproc", "2", "--cluster", "bogus-cluster"), "unknown cluster"),
+    (("calibrate", "--out", "x.yaml", "--name", ""), "--name"),
+    (("validate-executor", "--save-profile", "no/such/dir/p.yaml"), "does not exist"),
     ((*SIM, "--plan", "list.json"), "not a list"),
     ((*SIM, "--plan", "tp=2,tp=4"), "tp twice"),
     ((*SIM, "--plan", ","), "plan is empty"),

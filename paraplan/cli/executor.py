@@ -59,6 +59,30 @@ def _check_cores(nproc: int, oversubscribe: bool) -> None:
                         field="--nproc", value=nproc, allowed=f"<= {cores}")
 
 
+def _check_memory(spec: Any, training: Any, plan: Any, nproc: int, layers: list[int]) -> None:
+    """Refuse a run whose ranks together need more than this machine's memory (the
+    simulator's per-rank peak, which the executor's CPU runs match within a few percent),
+    before any rank starts: an out-of-memory kill mid-run helps nobody."""
+    from paraplan.simulator.memory import pipeline_memory
+    from paraplan.simulator.pipeline import inflight_microbatches
+
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    dp = plan.dp or 1
+    m = max(1, training.global_batch_size // (dp * plan.micro_batch_size))
+    inflight = [inflight_microbatches(plan.schedule, plan.pp, m, r) for r in range(plan.pp)]
+    peak = max(s.peak for s in pipeline_memory(spec, training, plan, dp=dp, layers=layers,
+                                               inflight=inflight))
+    need = peak * nproc
+    if need > 0.8 * total:
+        raise SpecError(f"the run needs about {need / 2**30:.1f} GiB ({nproc} ranks x "
+                        f"{peak / 2**30:.1f} GiB), over 80% of this machine's "
+                        f"{total / 2**30:.1f} GiB; use a smaller --model, --seq-len or "
+                        "--global-batch", field="PLAN", value=plan.short())
+
+
 def _check_profile_name(name: str) -> None:
     if not (1 <= len(name) <= 128) or not name.isprintable():
         raise SpecError(f"--name={name[:60]!r} must be 1-128 printable characters",
@@ -132,6 +156,9 @@ def run_cmd(
     sim_plan = simulator_plan(config, nproc)
     spec_cluster = load_cluster(cluster) if cluster else None  # before the run, not after
     _check_cores(nproc, oversubscribe)
+    _check_memory(spec, training, sim_plan, nproc,
+                  [len(r) for r in stage_layers(cfg.num_layers, exec_plan.pp,
+                                                exec_plan.layers_per_stage)])
     say = _progress(fmt != Format.json)
     say(f"running {sim_plan.short()} on {nproc} ranks, {steps} step(s)")
     try:
