@@ -390,3 +390,39 @@ def test_eager_loss_holds_the_fp32_logits_and_their_gradient():
     eager = pipeline_memory(model, train.model_copy(update={"loss_kernels": "eager"}), plan,
                             dp=8, layers=[32], inflight=[1.0])[0]
     assert eager.activations - fused.activations == pytest.approx(8.0 * 2 * 8192 * 128256)
+
+
+def test_fp8_weight_casts_are_paid_once_per_step_where_the_trainer_caches_them():
+    # Transformer Engine casts weights to fp8 on the first micro-batch and reuses them
+    # (megatron-core passes is_first_microbatch): the per-GEMM weight cast disappears and the
+    # optimizer step pays 4 B per parameter once; the evaluator and simulate agree.
+    from paraplan.search.space import evaluate_space
+    from paraplan.simulator.compute import Device, gemm_time, optimizer_step_time
+    from paraplan.specs import load_gpu
+
+    gpu = load_gpu("h100-sxm")
+    plain, cached = Device.of(gpu, "fp8"), Device.of(gpu, "fp8", weight_cache=True)
+    m, n, k = 8192.0, 8192.0, 8192.0
+    assert gemm_time(plain, m, n, k) - gemm_time(cached, m, n, k) == pytest.approx(
+        plain.fp8_cast_bytes * k * n / plain.memory_Bps)
+    fp8 = TrainingSpec(global_batch_size=256, seq_len=4096, precision="fp8")
+    assert optimizer_step_time(1e9, fp8, cached) - optimizer_step_time(1e9, fp8, plain) == \
+        pytest.approx(4e9 / plain.memory_Bps)
+    assert not Device.of(gpu, "bf16", weight_cache=True).fp8_weights_cached
+
+    from paraplan.specs.trainer import trainer_training
+
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", nodes=8)
+    spec = load_trainer("megatron-core")
+    space = build_space(model, cluster, trainer_training(spec, fp8),
+                        {"pp": 4, "tp": 8, "sequence_parallel": True}, trainer=spec)
+    assert space.training.fp8_weight_cache
+    ev = evaluate_space(space, exact_interleaved=True, times_for_oom=True)
+    for i in range(0, len(space), max(1, len(space) // 25)):
+        plan = space.plan(i)
+        rep = simulate(model, cluster, space.training, plan, time_if_oom=True)
+        assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-9), plan.short()
+        uncached = simulate(model, cluster,
+                            space.training.model_copy(update={"fp8_weight_cache": False}), plan,
+                            time_if_oom=True)
+        assert rep.step_time_s < uncached.step_time_s

@@ -58,9 +58,12 @@ class Device:
     """Relative efficiency of the GEMM dtype vs the table's 16-bit measurements (fp8)."""
     fp8_cast_bytes: float = 0.0
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
+    fp8_weights_cached: bool = False
+    """Weights are cast to fp8 once per step, not per GEMM call (``weight_cache``)."""
 
     @classmethod
-    def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused") -> Device:
+    def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
+           weight_cache: bool = False) -> Device:
         peak = gpu.peak_flops(precision) if precision in gpu.peak_tflops else \
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
@@ -80,7 +83,7 @@ class Device:
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=gpu.gemm_table,
                    table_scale=eff / gpu.matmul_efficiency * clock,
                    fp8_cast_bytes=(5.0 if kernels == "eager" else 1.0) if precision == "fp8"
-                   else 0.0)
+                   else 0.0, fp8_weights_cached=weight_cache and precision == "fp8")
 
     @property
     def nccl_slowdown(self) -> float:
@@ -118,8 +121,11 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
         # Dynamic scaling casts both 16-bit inputs to fp8: eager (torchao tensorwise without
         # compile) runs amax (read 2 B) and cast (read 2 B, write 1 B) as separate kernels;
         # fused stacks (Transformer Engine, torch.compile) fold them into the producer and
-        # only write the 1-byte copy.
-        gemm += device.fp8_cast_bytes * (m * k + k * n) / device.memory_Bps
+        # only write the 1-byte copy. The k x n operand is the weight in every call here; a
+        # trainer that caches the cast weights (``fp8_weights_cached``) pays for them once per
+        # step, in ``optimizer_step_time``.
+        weights = 0.0 if device.fp8_weights_cached else k * n
+        gemm += device.fp8_cast_bytes * (m * k + weights) / device.memory_Bps
     return gemm
 
 
@@ -308,4 +314,8 @@ def optimizer_step_time(params_on_rank: float, training: TrainingSpec, device: D
     """
     states = training.optimizer_state_bytes_per_param
     per_param = 2.0 * states + 2.0 * training.compute_bytes + training.compute_bytes
+    if device.fp8_weights_cached:
+        # The once-per-step fp8 weight cast: read the 16-bit weight, write the fp8 copy and
+        # its transpose (Transformer Engine keeps both for the forward and dgrad GEMMs).
+        per_param += 4.0
     return params_on_rank * per_param / device.memory_Bps

@@ -97,7 +97,7 @@ class TrainerRuns(StrictModel):
     flash_attention_version: Literal[1, 2] = 2
     """FlashAttention-1-class or -2-class attention kernels."""
     fp8_weight_cache: bool = False
-    """fp8 weight casts kept across micro-batches (recorded, not yet priced)."""
+    """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
     compile: bool = False
     """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
 
@@ -212,12 +212,13 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
 
 
 def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
-    """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels and
-    FlashAttention version from the profile, except those the user set."""
+    """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels, fp8
+    weight caching and FlashAttention version from the profile, except those the user set."""
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "kernels": runs.kernels,
+             "fp8_weight_cache": runs.fp8_weight_cache,
              "flash_attention_version": runs.flash_attention_version}
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})

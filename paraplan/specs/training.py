@@ -40,6 +40,10 @@ class TrainingSpec(StrictModel):
     torchtitan before 2025-02-20 compiled each TransformerBlock but left the loss eager
     (``apply_compile`` in parallelize_llama.py; the loss was first compiled in d1f62be7,
     "Adding loss_fn to TrainSpec", and made its own ``compile.components`` entry in #1608)."""
+    fp8_weight_cache: bool = False
+    """fp8 training casts the weights once per step and reuses them on every micro-batch
+    (Transformer Engine's ``is_first_microbatch``, which Megatron passes), instead of casting
+    them for every micro-batch's GEMMs."""
     grad_reduce_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
     compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""

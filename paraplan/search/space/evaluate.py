@@ -70,7 +70,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     n = len(space)
     topo = cluster.topology
     gpu = cluster.gpu
-    dev = Device.of(gpu, training.precision, training.kernels)
+    dev = Device.of(gpu, training.precision, training.kernels,
+                    weight_cache=training.fp8_weight_cache)
     const = space.constants
     overlap = bool(const.get("overlap_grad_reduce", True))
     interval = float(const.get("dp_sync_interval", 1))
