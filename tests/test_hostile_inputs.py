@@ -48,6 +48,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 FILES = {
     "bomb.yaml": BOMB,
+    "cycle.yaml": "a: &a [1, *a]\nnum_layers: *a\n",
     "deep.yaml": "[" * 100_000 + "]" * 100_000,
     "deep.json": "[" * 100_000 + "]" * 100_000,
     "bigint.yaml": "num_layers: " + "9" * 5000 + "\n",
@@ -86,7 +87,8 @@ FILES = {
 }
 
 CASES = [
-    (("describe", "--model", "bomb.yaml"), "aliases"),
+    (("describe", "--model", "bomb.yaml"), "aliases are followed"),
+    (("describe", "--model", "cycle.yaml"), "anchor inside its own value"),
     (("describe", "--model", "deep.yaml"), "64 deep"),
     (("describe", "--model", "deep.json"), "64 deep"),
     (("describe", "--model", "bigint.yaml"), "4300 digits"),
@@ -140,7 +142,8 @@ def workdir(tmp_path_factory) -> Path:
 
 # Inputs that could eat memory or time run as the console script under RLIMIT_AS; the rest
 # call the same entry function in-process (faster on a 2-core machine).
-RISKY = {"bomb.yaml", "deep.yaml", "deep.json", "bigint.yaml", "/dev/zero", "{" * 5000}
+RISKY = {"bomb.yaml", "cycle.yaml", "deep.yaml", "deep.json", "bigint.yaml", "/dev/zero",
+         "{" * 5000}
 
 
 @pytest.mark.parametrize(("args", "needle"), CASES, ids=[" ".join(a)[:60] for a, _ in CASES])

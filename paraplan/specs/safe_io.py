@@ -91,9 +91,14 @@ class _Duplicate(Exception):
 
 def _expanded_size(root: yaml.Node) -> tuple[int, int]:
     """(values, depth) of a composed YAML graph once aliases are followed, without expanding
-    it: sizes and depths are memoised per node, so a bomb costs one pass over its nodes."""
+    it: sizes and depths are memoised per node, so a bomb costs one pass over its nodes.
+
+    Raises:
+        _Cycle: an anchor is used inside its own value (``a: &a [*a]``), which has no size.
+    """
     sizes: dict[int, int] = {}
     depths: dict[int, int] = {}
+    open_nodes: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -106,12 +111,26 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
         if not done:
+            if key in open_nodes:
+                raise _Cycle(node.start_mark.line + 1)
+            open_nodes.add(key)
             stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
+            for child in children:
+                if id(child) in open_nodes:
+                    raise _Cycle(child.start_mark.line + 1)
+                if id(child) not in sizes:
+                    stack.append((child, False))
             continue
+        open_nodes.discard(key)
         sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
         depths[key] = 1 + max((depths.get(id(c), 1) for c in children), default=0)
     return sizes[id(root)], depths[id(root)]
+
+
+class _Cycle(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
 
 
 def parse_yaml(text: str, what: str, source: str) -> Any:
@@ -133,6 +152,10 @@ def parse_yaml(text: str, what: str, source: str) -> Any:
                             "values once its YAML aliases are followed; write the values out",
                             field=what, value=source, allowed=f"<= {MAX_NODES} values")
         return loader.construct_document(node)
+    except _Cycle as cyc:
+        raise SpecError(f"{what} file {_quote(source)} uses a YAML anchor inside its own value "
+                        f"(line {cyc.line}), which never ends; write the values out",
+                        field=what, value=source) from None
     except _Duplicate as dup:
         raise SpecError(f"{what} file {_quote(source)} sets {_quote(str(dup.key))} twice "
                         f"(line {dup.line}); give each key once", field=what,
@@ -147,6 +170,8 @@ def parse_yaml(text: str, what: str, source: str) -> Any:
         where = f" at line {mark.line + 1}" if mark else ""
         raise SpecError(f"{what} file {_quote(source)} is not valid YAML{where}", field=what,
                         value=source) from None
+    except SpecError:
+        raise
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise SpecError(f"{what} file {_quote(source)} holds a value Python cannot read: "
                         f"{str(exc)[:120]}", field=what, value=source) from None
