@@ -52,6 +52,8 @@ FILES = {
     "deep.yaml": "[" * 100_000 + "]" * 100_000,
     "deep.json": "[" * 100_000 + "]" * 100_000,
     "bigint.yaml": "num_layers: " + "9" * 5000 + "\n",
+    "hexint.yaml": "num_layers: 0x" + "f" * 5000 + "\n",
+    "dots.toml": "[parallelism]\n" + ".".join(["a"] * 5000) + " = 1\n",
     "dup.yaml": LLAMA + "\nnum_layers: 4\n",
     "bool.yaml": LLAMA.replace("num_layers: 32", "num_layers: true"),
     "tag.yaml": "num_layers: !!python/object/apply:os.system ['true']\n",
@@ -91,13 +93,15 @@ CASES = [
     (("describe", "--model", "cycle.yaml"), "anchor inside its own value"),
     (("describe", "--model", "deep.yaml"), "64 deep"),
     (("describe", "--model", "deep.json"), "64 deep"),
-    (("describe", "--model", "bigint.yaml"), "4300 digits"),
+    (("describe", "--model", "bigint.yaml"), "integer of more than 4,300"),
+    (("describe", "--model", "hexint.yaml"), "integer of more than 4,300"),
+    ((*SIM, "--plan", "dots.toml"), "64 deep"),
     (("describe", "--model", "/dev/zero"), "not a regular file"),
     (("describe", "--model", "A" * 300), "unknown model"),
     (("describe", "--model", "hf0.json"), "num_attention_heads=0"),
     (("describe", "--model", "hfmoe.json"), "shared_expert_intermediate_size"),
     (("describe", "--model", "dup.yaml"), "'num_layers' twice"),
-    (("describe", "--model", "bool.yaml"), "num_layers=True is a boolean"),
+    (("describe", "--model", "bool.yaml"), "num_layers=True holds a boolean"),
     (("describe", "--model", "tag.yaml"), "tags are refused"),
     (("describe", "--cluster", "inf.yaml"), "latency_us=inf"),
     (("describe", "--cluster", "huge.yaml"), "latency_us"),
@@ -142,7 +146,8 @@ def workdir(tmp_path_factory) -> Path:
 
 # Inputs that could eat memory or time run as the console script under RLIMIT_AS; the rest
 # call the same entry function in-process (faster on a 2-core machine).
-RISKY = {"bomb.yaml", "cycle.yaml", "deep.yaml", "deep.json", "bigint.yaml", "/dev/zero",
+RISKY = {"bomb.yaml", "cycle.yaml", "deep.yaml", "deep.json", "bigint.yaml", "hexint.yaml",
+         "dots.toml", "/dev/zero",
          "{" * 5000}
 
 

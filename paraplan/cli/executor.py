@@ -3,8 +3,10 @@ validate-executor`` (torch is imported only when one of them runs)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,6 +59,17 @@ def _check_cores(nproc: int, oversubscribe: bool) -> None:
         raise SpecError(f"--nproc={nproc} is more ranks than this machine's {cores} CPU cores "
                         "(each CPU rank needs one); lower it or pass --oversubscribe",
                         field="--nproc", value=nproc, allowed=f"<= {cores}")
+
+
+@contextlib.contextmanager
+def _run_failures() -> Iterator[None]:
+    """An executor failure (a rank crashed or hung) is a failed run: exit code 3."""
+    from paraplan.executor.launch import ExecutorError
+
+    try:
+        yield
+    except ExecutorError as exc:
+        raise RunFailed(f"the run failed: {exc}") from None
 
 
 def _check_memory(spec: Any, training: Any, plan: Any, nproc: int, layers: list[int]) -> None:
@@ -224,8 +237,9 @@ def calibrate_cmd(
     check_target(out, "--out")  # every option is checked before measuring starts
     _check_profile_name(name)
     _check_cores(nproc, oversubscribe)
-    meas = calibrate(quick=quick, nproc=nproc, threads=threads,
-                     progress=_progress(fmt != Format.json))
+    with _run_failures():
+        meas = calibrate(quick=quick, nproc=nproc, threads=threads,
+                         progress=_progress(fmt != Format.json))
     path = write_atomic(out, calibration_cluster_yaml(meas, name=name))
     load_cluster(str(path))  # what was written loads back
     if fmt == Format.json:
@@ -271,16 +285,18 @@ def validate_executor_cmd(
     say = _progress(fmt != Format.json)
     if spec is None:
         say("calibrating this machine" + (" (quick)" if quick else ""))
-        text = calibration_cluster_yaml(calibrate(quick=quick, nproc=nproc,
-                                                  progress=say))
+        with _run_failures():
+            text = calibration_cluster_yaml(calibrate(quick=quick, nproc=nproc,
+                                                      progress=say))
         if save_profile:
             write_atomic(save_profile, text, field="--save-profile")
         with tempfile.TemporaryDirectory() as tmp:
             profile = Path(tmp) / "this-machine.yaml"
             profile.write_text(text, encoding="utf-8")
             spec = load_cluster(str(profile))
-    result = validate_executor(spec, nproc=nproc, steps=steps or (5 if quick else 8),
-                               progress=say)
+    with _run_failures():
+        result = validate_executor(spec, nproc=nproc, steps=steps or (5 if quick else 8),
+                                   progress=say)
     if fmt == Format.json:
         emit_json(result)
         return

@@ -115,13 +115,18 @@ def read_training(global_batch: int | None, seq_len: int | None, precision: str,
 
 def check_output_paths(*, plot: str | None = None, trace: str | None = None) -> None:
     """Reject a bad --plot (not .png/.svg/.pdf) or --trace (not .json) before any work."""
+    from paraplan.export.files import check_target
+
     if plot is not None:
         from paraplan.viz.timeline import check_figure_path
 
         check_figure_path(plot, "--plot")
+        check_target(plot, "--plot")
     if trace is not None and (Path(trace).suffix.lower() != ".json" or Path(trace).is_dir()):
         raise SpecError(f"--trace={trace!r} must be a file name ending in .json", field="--trace",
                         value=trace, allowed=[".json"])
+    if trace is not None:
+        check_target(trace, "--trace")
 
 
 def read_trainer(name: str | None, export: str | None = None) -> Any:

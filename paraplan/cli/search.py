@@ -130,6 +130,10 @@ def best(
         raise SpecError("--out needs --export FORMAT", field="--export", value=None,
                         allowed=[e.value for e in ExportFormat])
     check_output_paths(plot=plot)
+    if out is not None:
+        from paraplan.export.files import check_target
+
+        check_target(out, "--out")  # before the search, not after it
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)

@@ -9,9 +9,10 @@ one-process run the parallel one must reproduce (same weights, data and optimize
 - ``"model"``: ``TinyGPTConfig`` fields (dict).
 - ``"plan"``: ``tp``, ``pp``, ``dp`` (None/absent = world / (tp pp)), ``ep``,
   ``sequence_parallel``, ``zero_stage`` (0 or 1), ``micro_batch_size``, ``schedule``
-  (``"gpipe"``/``"afab"`` or ``"1f1b"``), ``layers_per_stage`` (optional). Other
-  ``ParallelPlan`` fields are accepted and ignored if they do not change the numerics
-  (reported under ``"ignored_plan_keys"``); ``cp``, ``etp``, ``virtual_stages`` must be 1.
+  (``"gpipe"``/``"afab"`` or ``"1f1b"``), ``layers_per_stage`` (optional); ``cp``, ``etp``,
+  ``virtual_stages`` must be 1. Any other ``ParallelPlan`` field is refused by name: a run
+  must never be labelled with a knob it did not execute (``"ignored_plan_keys"`` stays
+  empty).
 - ``"global_batch_size"`` (sequences per step), ``"steps"`` (1), ``"seed"`` (0, the data
   seed), ``"lr"`` (1e-3), ``"optimizer"`` (``"adamw"`` or ``"sgd"``), ``"bucket_elements"``
   (25e6), ``"return_grads"`` (False); ``"num_threads"`` is the launcher's (ignored here).

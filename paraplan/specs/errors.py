@@ -40,7 +40,10 @@ class SpecError(ValueError):
 def short_repr(value: Any, limit: int = 60) -> str:
     """A bounded ``repr``: containers show a few items and long strings/ints are cut before
     they are formatted (a YAML alias bomb's value is never expanded into text)."""
-    shown = _REPR.repr(value)
+    try:
+        shown = _REPR.repr(value)
+    except ValueError:  # an int too long for Python to print (over 4,300 digits)
+        shown = f"<integer of about {int(value.bit_length() * 0.30103)} digits>"
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 

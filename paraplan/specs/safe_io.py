@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from paraplan.specs.errors import SpecError
+from paraplan.specs.errors import SpecError, short_repr
 
 MAX_SPEC_BYTES = 16 * 2**20
 """Largest spec, plan or trainer-config file read (16 MiB; the biggest bundled one is 80 KiB)."""
@@ -31,6 +31,9 @@ MAX_DEPTH = 64
 """Deepest nesting of lists/mappings in a YAML or JSON input (real specs nest 4 deep)."""
 MAX_NODES = 1_000_000
 """Most values a YAML document may expand to once its aliases are followed."""
+MAX_INT_CHARS = 4_300
+"""Longest integer literal read (Python's own limit for decimal text; hexadecimal, octal and
+sexagesimal YAML integers are held to it too, as their conversion is unbounded work)."""
 
 
 def read_user_text(path: str | Path, what: str, limit: int = MAX_SPEC_BYTES) -> str:
@@ -72,6 +75,8 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # "<<: *base" merges; SafeConstructor.flatten_mapping handles it
             key = self.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen
@@ -110,6 +115,9 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
             children = list(node.value)
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
+        elif (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int"
+              and len(node.value) > MAX_INT_CHARS):
+            raise _LongInt(node.start_mark.line + 1)
         if not done:
             if key in open_nodes:
                 raise _Cycle(node.start_mark.line + 1)
@@ -125,6 +133,12 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
         sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
         depths[key] = 1 + max((depths.get(id(c), 1) for c in children), default=0)
     return sizes[id(root)], depths[id(root)]
+
+
+class _LongInt(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
 
 
 class _Cycle(Exception):
@@ -152,14 +166,18 @@ def parse_yaml(text: str, what: str, source: str) -> Any:
                             "values once its YAML aliases are followed; write the values out",
                             field=what, value=source, allowed=f"<= {MAX_NODES} values")
         return loader.construct_document(node)
+    except _LongInt as big:
+        raise SpecError(f"{what} file {_quote(source)} holds an integer of more than "
+                        f"{MAX_INT_CHARS:,} characters (line {big.line})", field=what,
+                        value=source) from None
     except _Cycle as cyc:
         raise SpecError(f"{what} file {_quote(source)} uses a YAML anchor inside its own value "
                         f"(line {cyc.line}), which never ends; write the values out",
                         field=what, value=source) from None
     except _Duplicate as dup:
-        raise SpecError(f"{what} file {_quote(source)} sets {_quote(str(dup.key))} twice "
+        raise SpecError(f"{what} file {_quote(source)} sets {short_repr(dup.key)} twice "
                         f"(line {dup.line}); give each key once", field=what,
-                        value=str(dup.key)[:100]) from None
+                        value=short_repr(dup.key)) from None
     except yaml.constructor.ConstructorError as exc:
         tag = getattr(getattr(exc, "problem", ""), "strip", lambda: "")()
         raise SpecError(f"{what} file {_quote(source)} uses a YAML tag that would build a "
@@ -214,15 +232,44 @@ def parse_json(text: str, what: str, source: str) -> Any:
 
 def parse_toml(text: str, what: str, source: str) -> dict[str, Any]:
     """The data of one TOML document (duplicate keys are already an error in TOML)."""
-    if _json_depth(text) > MAX_DEPTH:
+    if _json_depth(text) > MAX_DEPTH or _toml_key_depth(text) > MAX_DEPTH:
         raise _too_deep(what, source)
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except RecursionError:
         raise _too_deep(what, source) from None
     except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise SpecError(f"{what} {_quote(source)} is not valid TOML: {str(exc)[:160]}",
                         field=what, value=source) from None
+    if _has_huge_int(data):
+        raise SpecError(f"{what} {_quote(source)} holds an integer of more than "
+                        f"{MAX_INT_CHARS:,} digits", field=what, value=source)
+    return data
+
+
+def _toml_key_depth(text: str) -> int:
+    """Most dot-separated parts in one TOML key or table header: dotted keys nest tables
+    without brackets (``a.b.c = 1``), and tomllib's work grows with the square of the parts."""
+    best = 0
+    for line in text.splitlines():
+        head = line.strip()
+        if not head or head.startswith("#"):
+            continue
+        key = head.strip("[]") if head.startswith("[") else head.split("=", 1)[0]
+        best = max(best, key.count(".") + 1)
+    return best
+
+
+def _has_huge_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value.bit_length() > MAX_INT_CHARS * 3.33
+    if isinstance(value, dict):
+        return any(_has_huge_int(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_huge_int(v) for v in value)
+    return False
 
 
 def _json_depth(text: str) -> int:

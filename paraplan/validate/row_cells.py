@@ -38,15 +38,17 @@ def number(text: str, key: str) -> float:
     return value
 
 
-def int_cell(row: dict[str, Any], key: str) -> int | None:
-    """A count column (GPUs, degrees, batch sizes, layers): a whole number >= 1, or None when
-    empty; anything else skips the row with its reason (0 is never read as "not given")."""
+def int_cell(row: dict[str, Any], key: str, minimum: int = 1) -> int | None:
+    """A count column (GPUs, degrees, batch sizes, layers): a whole number >= ``minimum`` (1;
+    0 where zero means "none", e.g. experts), or None when empty; anything else skips the row
+    with its reason (0 is never read as "not given")."""
     text = cell(row, key)
     if not text:
         return None
     value = number(text, key)
-    if value != int(value) or value < 1 or value > 1e9:
-        raise SkipRow(f"column {key}={short_repr(text)} must be a whole number from 1 to 1e9")
+    if value != int(value) or value < minimum or value > 1e9:
+        raise SkipRow(f"column {key}={short_repr(text)} must be a whole number from {minimum} "
+                      "to 1e9")
     return int(value)
 
 

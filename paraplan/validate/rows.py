@@ -112,7 +112,8 @@ def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
             raise SkipRow("vocab size is not published for this row")
         vocab, note = DEFAULT_VOCAB[s.source]
         s.notes.append(note)
-    experts, topk = int_cell(row, "moe_experts") or 0, int_cell(row, "moe_topk") or 0
+    experts = int_cell(row, "moe_experts", minimum=0) or 0
+    topk = int_cell(row, "moe_topk", minimum=0) or 0
     return make_spec(
         ModelSpec, "model", name=name, family=family, num_layers=layers, hidden_size=hidden,
         num_attention_heads=heads, num_kv_heads=int_cell(row, "kv_heads"), ffn_hidden_size=ffn,
