@@ -85,6 +85,12 @@ class Device:
                    fp8_cast_bytes=(5.0 if kernels == "eager" else 1.0) if precision == "fp8"
                    else 0.0, fp8_weights_cached=weight_cache and precision == "fp8")
 
+    @classmethod
+    def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:
+        """``Device.of`` with the precision, kernels and fp8 weight caching ``training`` runs."""
+        return cls.of(gpu, training.precision, training.kernels,
+                      weight_cache=training.fp8_weight_cache)
+
     @property
     def nccl_slowdown(self) -> float:
         """Fraction of compute lost while an NCCL collective runs alongside it."""

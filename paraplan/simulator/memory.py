@@ -203,6 +203,13 @@ def layer_activations(model: ModelSpec, training: TrainingSpec,
     return LayerActivations(dense, moe, working)
 
 
+def loss_bytes_per_logit(training: TrainingSpec) -> float:
+    """Bytes the cross entropy of one micro-batch holds per logit: fused vocab-parallel kernels
+    keep bf16 logits and an fp32 softmax (6 B, Megatron's VocabParallelCrossEntropy); an eager
+    loss also holds the fp32 upcast and the gradient (2 + 4 + 4 + 4 = 14 B)."""
+    return 14.0 if (training.loss_kernels or training.kernels) == "eager" else 6.0
+
+
 @dataclass(frozen=True)
 class _StaticStage:
     weights: float
@@ -235,12 +242,7 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
     # Recomputing one layer re-materialises its full activations during its backward.
     act = la.working if layers[stage] else 0.0
     if stage == len(layers) - 1:
-        # Cross entropy of one micro-batch: fused vocab-parallel kernels keep bf16 logits and
-        # an fp32 softmax (6 B/logit, Megatron's VocabParallelCrossEntropy); eager PyTorch
-        # also holds the fp32 upcast and the gradient (2 + 4 + 4 + 4 = 14 B/logit).
-        eager = (training.loss_kernels or training.kernels) == "eager"
-        per_logit = 14.0 if eager else 6.0
-        act += per_logit * s_local * mb * model.vocab_size / plan.tp
+        act += loss_bytes_per_logit(training) * s_local * mb * model.vocab_size / plan.tp
     if stage == 0:
         act += 2.0 * s_local * mb * model.hidden_size  # embedding output
     other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES

@@ -188,8 +188,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         for name, gpu in gpus.items():
             key = (name, bases[name])
             if key not in per_gpu:
-                dev = Device.of(gpu, training.precision, training.kernels,
-                                weight_cache=training.fp8_weight_cache)
+                dev = Device.of_training(gpu, training)
                 dense = layer_cost(model, topo, training, plan, dev, moe=False,
                                    base_rank=key[1])
                 moe = (layer_cost(model, topo, training, plan, dev, moe=True,

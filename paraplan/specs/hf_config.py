@@ -47,6 +47,21 @@ def _int(cfg: dict[str, Any], *keys: str, default: Any = None, required: bool = 
     return default
 
 
+_HF_KEYS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "num_experts": ("num_local_experts", "n_routed_experts", "num_experts"),
+    "moe_top_k": ("num_experts_per_tok", "moe_top_k"),
+    "moe_ffn_hidden_size": ("moe_intermediate_size",),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx"),
+}
+"""The Hugging Face keys (first wins) that give each ModelSpec field, across families."""
+
+
 def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
     """Translate a parsed HF config dict into a ModelSpec.
 
@@ -61,14 +76,14 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
             allowed="a JSON object with hidden_size, num_hidden_layers, ...",
         )
     model_type = str(cfg.get("model_type", "")).lower()
-    hidden = _int(cfg, "hidden_size", "n_embd", "d_model", positive=True)
-    layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers", positive=True)
-    heads = _int(cfg, "num_attention_heads", "n_head", "num_heads", positive=True)
-    kv_heads = _int(cfg, "num_key_value_heads", "num_kv_heads", default=heads)
-    ffn = _int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden)
-    vocab = _int(cfg, "vocab_size", "padded_vocab_size", positive=True)
+    hidden = _int(cfg, *_HF_KEYS["hidden_size"], positive=True)
+    layers = _int(cfg, *_HF_KEYS["num_layers"], positive=True)
+    heads = _int(cfg, *_HF_KEYS["num_attention_heads"], positive=True)
+    kv_heads = _int(cfg, *_HF_KEYS["num_kv_heads"], default=heads)
+    ffn = _int(cfg, *_HF_KEYS["ffn_hidden_size"], default=4 * hidden)
+    vocab = _int(cfg, *_HF_KEYS["vocab_size"], positive=True)
     head_dim = _int(cfg, "head_dim", required=False)
-    max_pos = _int(cfg, "max_position_embeddings", "n_positions", "n_ctx", required=False)
+    max_pos = _int(cfg, *_HF_KEYS["max_position_embeddings"], required=False)
     act = str(cfg.get("hidden_act", cfg.get("activation_function", "gelu"))).lower()
 
     if model_type in _GATED_SILU or (not model_type and act in ("silu", "swish")):
@@ -83,7 +98,7 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         activation = "gelu"
 
     gpt_style = model_type in ("gpt2", "gpt_neox", "gptj", "gpt_bigcode")
-    experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
+    experts = _int(cfg, *_HF_KEYS["num_experts"], default=0)
     fields: dict[str, Any] = {
         "name": name,
         "family": model_type or None,
@@ -107,8 +122,8 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
     }
     if experts:
         fields["num_experts"] = experts
-        fields["moe_top_k"] = _int(cfg, "num_experts_per_tok", "moe_top_k", default=2)
-        moe_ffn = _int(cfg, "moe_intermediate_size", required=False)
+        fields["moe_top_k"] = _int(cfg, *_HF_KEYS["moe_top_k"], default=2)
+        moe_ffn = _int(cfg, *_HF_KEYS["moe_ffn_hidden_size"], required=False)
         if moe_ffn:
             fields["moe_ffn_hidden_size"] = moe_ffn
         shared = _int(cfg, "n_shared_experts", required=False) or 0
@@ -129,16 +144,3 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
                 text = text.replace(f"config.json.{ours}", f"config.json key {present}")
         raise SpecError(text, field=err.field, value=err.value) from None
 
-
-_HF_KEYS = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
-    "num_kv_heads": ("num_key_value_heads", "num_kv_heads"),
-    "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
-    "vocab_size": ("vocab_size", "padded_vocab_size"),
-    "num_experts": ("num_local_experts", "n_routed_experts", "num_experts"),
-    "moe_top_k": ("num_experts_per_tok", "moe_top_k"),
-    "moe_ffn_hidden_size": ("moe_intermediate_size",),
-    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx"),
-}

@@ -135,16 +135,20 @@ def _expanded_size(root: yaml.Node) -> tuple[int, int]:
     return sizes[id(root)], depths[id(root)]
 
 
-class _LongInt(Exception):
+class _AtLine(Exception):
+    """A refused YAML node and the line it starts on."""
+
     def __init__(self, line: int) -> None:
         super().__init__(line)
         self.line = line
 
 
-class _Cycle(Exception):
-    def __init__(self, line: int) -> None:
-        super().__init__(line)
-        self.line = line
+class _LongInt(_AtLine):
+    """An integer literal over ``MAX_INT_CHARS``."""
+
+
+class _Cycle(_AtLine):
+    """An anchor used inside its own value."""
 
 
 def parse_yaml(text: str, what: str, source: str) -> Any:

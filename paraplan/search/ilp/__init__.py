@@ -27,7 +27,7 @@ loop; the better verified plan wins and the result says which.
   all types, priced by ``simulate``'s own rule (:func:`_union_dp_time`).
 
 Costs are the simulator's own: per-layer forward + backward seconds from
-``simulator.step.layer_cost`` on ``Device.of(gpu, precision, kernels)`` (exposed TP/CP/EP
+``simulator.step.layer_cost`` on ``Device.of_training(gpu, training)`` (exposed TP/CP/EP
 communication and recomputation included), the LM head from ``step.head_times``,
 and per-stage peak memory (bytes) from ``memory.pipeline_memory`` with 1F1B's in-flight
 micro-batches ``min(p - k, m)`` on stage k (Narayanan et al. 2021 sec 2.2), compared with

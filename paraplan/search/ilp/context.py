@@ -123,8 +123,7 @@ def layer_costs(ctx: Ctx, plan: ParallelPlan, first: str,
            plan.recompute, plan.tp_comm_overlap, first, gpu)
     hit = ctx.costs.get(key)
     if hit is None:
-        dev = Device.of(ctx.types[gpu].gpu, ctx.training.precision, ctx.training.kernels,
-                        weight_cache=ctx.training.fp8_weight_cache)
+        dev = Device.of_training(ctx.types[gpu].gpu, ctx.training)
         # simulate prices each stage's TP/CP/EP groups on its own GPU type's links, so the
         # cost of type ``gpu`` no longer depends on which type hosts stage 0.
         topo = _probe(ctx, gpu).topology

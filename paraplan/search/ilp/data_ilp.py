@@ -58,8 +58,7 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
     sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
                               dense + experts)
-    dev = Device.of(ctx.types[group.gpu].gpu, ctx.training.precision, ctx.training.kernels,
-                    weight_cache=ctx.training.fp8_weight_cache)
+    dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)
     if plan.overlap_grad_reduce:
         window = float(rep.extra["stage_backward_s"][0])
         exposed = max(sync - window, sync / buckets) + min(sync, window) * dev.nccl_slowdown

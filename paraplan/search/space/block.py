@@ -17,6 +17,7 @@ from paraplan.simulator.memory import (
     DDP_BUCKET_ELEMENTS,
     NCCL_BUFFER_BYTES,
     GiB,
+    loss_bytes_per_logit,
     moe_layers_in,
 )
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
@@ -149,7 +150,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     optim = o_d * training.optimizer_state_bytes_per_param
     mbs = c["mbs"][idx].astype(float)
     s_local = training.seq_len / cp.astype(float)
-    per_logit = 14.0 if (training.loss_kernels or training.kernels) == "eager" else 6.0
+    per_logit = loss_bytes_per_logit(training)
     a = ctx.acts[ctx.inv[idx]]
     act_static = np.where(layers[None, :] > 0, a[:, 2, None], 0.0) \
         + last[None, :] * (per_logit * s_local * mbs * model.vocab_size / t)[:, None] \

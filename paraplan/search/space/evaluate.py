@@ -20,6 +20,7 @@ from paraplan.simulator.memory import GiB, layer_activations
 from paraplan.simulator.step import LayerParts, compose_layer_cost, head_times, layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.topology import Topology
 from paraplan.specs.trainer import tp_overlap
 
 
@@ -70,8 +71,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     n = len(space)
     topo = cluster.topology
     gpu = cluster.gpu
-    dev = Device.of(gpu, training.precision, training.kernels,
-                    weight_cache=training.fp8_weight_cache)
+    dev = Device.of_training(gpu, training)
     const = space.constants
     overlap = bool(const.get("overlap_grad_reduce", True))
     interval = float(const.get("dp_sync_interval", 1))
@@ -129,24 +129,12 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     tp_, cp_, dp_, ep_, etp_ = c["tp"], c["cp"], c["dp"], c["ep"], c["etp"]
     edp = np.maximum(1, dp_ * cp_ * tp_ // (ep_ * etp_))
     ug, ginv = key_index([tp_, cp_ * dp_])
-    ar = np.zeros((len(ug), 3, 2))
-    ag = np.zeros((len(ug), 3, 2))
-    rs = np.zeros((len(ug), 3, 2))
-    for i, (t, k) in enumerate(ug):
-        group = tuple(int(t) * j for j in range(int(k)))
-        ar[i], ag[i], rs[i] = (group_lines(topo, group, kind) for kind in
-                               ("all_reduce", "all_gather", "reduce_scatter"))
+    ar, ag, rs = _strided_group_lines(topo, ug)
     ear = eag = ers = np.zeros((1, 3, 2))
     einv = np.zeros(n, dtype=np.int64)
     if model.is_moe:
         ue, einv = key_index([etp_ * ep_, edp])
-        ear = np.zeros((len(ue), 3, 2))
-        eag = np.zeros((len(ue), 3, 2))
-        ers = np.zeros((len(ue), 3, 2))
-        for i, (stride, k) in enumerate(ue):
-            group = tuple(int(stride) * j for j in range(int(k)))
-            ear[i], eag[i], ers[i] = (group_lines(topo, group, kind) for kind in
-                                      ("all_reduce", "all_gather", "reduce_scatter"))
+        ear, eag, ers = _strided_group_lines(topo, ue)
     # Pipeline sends in rank order: the slowest stage boundary paces (simulate's rule,
     # collectives.pipeline_p2p): the time is the max over the distinct (latency, bandwidth)
     # lines of each (span, pp, tp).
@@ -193,3 +181,14 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             if progress is not None:
                 progress(done, n)
     return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
+
+
+def _strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+    """All-reduce, all-gather and reduce-scatter lines (``group_lines``) of the group of
+    ``k`` ranks ``stride`` apart, for each (stride, k) row of ``keys``."""
+    out = tuple(np.zeros((len(keys), 3, 2)) for _ in range(3))
+    for i, (stride, k) in enumerate(keys):
+        group = tuple(int(stride) * j for j in range(int(k)))
+        for arr, kind in zip(out, ("all_reduce", "all_gather", "reduce_scatter"), strict=True):
+            arr[i] = group_lines(topo, group, kind)
+    return out
