@@ -237,7 +237,7 @@ def test_bad_plan_json_names_the_field() -> None:
 @pytest.mark.parametrize("plan, seq, says", [
     ("tp=1,sp=1", 4096, "sequence_parallel=true needs tp > 1"),
     ("tp=2,cp=3", 4099, "needs seq_len divisible by 2*cp=6; seq_len=4099; use an even"),
-    ("tp=2,pp=2,vpp=2", 4096, "needs schedule=interleaved"),
+    ("tp=2,pp=2,vpp=2,schedule=1f1b", 4096, "needs schedule=interleaved"),
 ])
 def test_plan_without_cluster_meets_the_rules_of_check_plan(plan, seq, says) -> None:
     """A plan JSON carries a world size, not a cluster: it is held to every rule of

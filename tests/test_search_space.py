@@ -141,3 +141,21 @@ def test_interleaved_bound_is_a_lower_bound(p, v, extra, tf, tb, c) -> None:
 def test_schedules_in_space_match_pipeline_module() -> None:
     _, _, _, space, _ = _case(0)
     assert set(space.cols["sched"].tolist()) <= set(range(len(SCHEDULES)))
+
+
+def test_every_even_interleaving_is_searched() -> None:
+    """No vpp cap: every chunk count that splits the layers evenly is in the default space,
+    down to one layer per chunk (NVIDIA's GPT-3 175B and Nemotron-4 340B recipes run
+    pp=8 with vpp=12 on 96 layers), and no count that does not split them."""
+    from paraplan.specs.loaders import load_trainer
+
+    model, cl = load_model("gpt3-175b"), load_cluster("dgx-h100", nodes=8)
+    tr = TrainingSpec(global_batch_size=128, seq_len=2048)
+    space = build_space(model, cl, tr, fix=parse_fix("tp=8,pp=8,mbs=1"),
+                        trainer=load_trainer("megatron-core"))
+    interleaved = SCHEDULES.index("interleaved")
+    vs = set(space.cols["v"][space.cols["sched"] == interleaved].tolist())
+    assert vs == {2, 3, 4, 6, 12}
+    capped = build_space(model, cl, tr, fix=parse_fix("tp=8,pp=8,mbs=1"),
+                         options=SpaceOptions(max_virtual_stages=8))
+    assert set(capped.cols["v"][capped.cols["sched"] == interleaved].tolist()) == {2, 3, 4, 6}

@@ -259,6 +259,11 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
         attn_bwd = 2.0 * score_flops / device.matmul_flops + 2.0 * softmax_bytes / \
             device.memory_Bps
 
+    if plan.cp > 1:
+        merge_f, merge_b = cp_merge_times(model, training, plan, device)
+        attn_fwd += merge_f
+        attn_bwd += merge_b
+
     elem_fwd = tokens * elementwise_bytes_per_token(model, training, plan, moe=moe) / \
         device.memory_Bps
     overhead = KERNELS_PER_LAYER_FWD * KERNEL_OVERHEAD_S
@@ -268,6 +273,34 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
     backward += grad_accumulation_time(model, training, plan, device, moe=moe)
     return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead)
+
+
+def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                   device: Device) -> tuple[float, float]:
+    """(forward, backward) seconds ring attention spends outside its attention kernels, one
+    layer and micro-batch (``plan.cp`` > 1).
+
+    Each of the cp ring steps is its own attention call on the local queries against one
+    block of keys and values (Transformer Engine ``AttnFuncWithCPAndKVP2P``; PyTorch's
+    ``context_parallel`` likewise), so the partial results must be merged: every step after
+    the first rescales and adds its output into the running one (TE
+    ``flash_attn_fwd_out_correction``: ``out.add_(out_per_step * exp(lse_step - lse))``:
+    read the step's output, read and write the running output, 6 B per 16-bit element), and
+    the backward adds each step's dQ into dQ and each step's dK/dV into the block's (the same
+    6 B per element, on q and on k and v). Counted at 16-bit accumulators, the least traffic
+    an implementation can have (PyTorch's merger keeps fp32 ones); every step also launches
+    its own kernels (``KERNEL_OVERHEAD_S`` for the attention call, the merge and the receive
+    wait: three per step)."""
+    steps = plan.cp - 1
+    rows = plan.micro_batch_size * training.seq_len / plan.cp
+    d = model.head_size
+    q_elems = rows * model.num_attention_heads * d / plan.tp
+    kv_elems = 2.0 * rows * model.kv_heads * d / plan.tp
+    scale = training.compute_bytes / 2
+    launch = 3 * KERNEL_OVERHEAD_S * steps
+    fwd = steps * 6.0 * q_elems * scale / device.memory_Bps + launch
+    bwd = steps * 6.0 * (q_elems + kv_elems) * scale / device.memory_Bps + launch
+    return fwd, bwd
 
 
 def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

@@ -90,7 +90,10 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         ring = topo.p2p_ring(on(tuple(t * i for i in range(cp))))
         step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
                         ring.latency_s)
-        cp_c = max(0.0, (cp - 1) * step - lt.attention_fwd_s)
+        # What the attention cannot cover stays exposed; the covered part costs NCCL's SMs
+        # (as for every overlapped collective: ``Device.nccl_slowdown``).
+        ring_s, cover = (cp - 1) * step, lt.attention_fwd_s
+        cp_c = max(0.0, ring_s - cover) + min(ring_s, cover) * device.nccl_slowdown
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
         a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +188,19 @@ def load_link(ref: str | dict | LinkSpec, where: str = "link") -> LinkSpec:
 
 
 def load_trainer(ref: str | dict | TrainerSpec) -> TrainerSpec:
-    """A trainer profile by preset name (``megatron-core``), YAML path or mapping."""
+    """A trainer profile by preset name (``megatron-core``), YAML path or mapping. Bundled
+    presets are read once per process (``simulate(..., trainer="megatron-core")`` in a loop
+    re-read the YAML on every call)."""
+    preset = _preset("trainers", ref) if isinstance(ref, str) else None
+    if preset is not None:
+        return _bundled_trainer(preset)
     return _load_named("trainers", ref, TrainerSpec, "trainer")
+
+
+@functools.lru_cache(maxsize=32)
+def _bundled_trainer(path: Path) -> TrainerSpec:
+    """A bundled trainer profile (specs are frozen, so one instance serves every caller)."""
+    return _build(TrainerSpec, read_yaml(path, "trainer"), "trainer")
 
 
 def load_model(ref: str | ModelSpec) -> ModelSpec:

@@ -99,6 +99,18 @@ class ParallelPlan(StrictModel):
     prices every stage's data-parallel group and every pipeline boundary on the GPUs they
     actually use and takes the slowest."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _chunks_mean_interleaved(cls, data: Any) -> Any:
+        """virtual_stages > 1 with no schedule given means the interleaved schedule, the only
+        one with model chunks (Megatron selects it from ``--num-layers-per-virtual-pipeline-
+        stage`` alone); an explicit other schedule is still refused by ``check_plan``."""
+        if isinstance(data, dict) and "schedule" not in data:
+            v = data.get("virtual_stages")
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return {**data, "schedule": "interleaved"}
+        return data
+
     @model_validator(mode="after")
     def _shape(self) -> ParallelPlan:
         need = {"powersgd": ("compression_rank",), "quantize": ("compression_bits",),

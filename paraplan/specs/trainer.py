@@ -42,7 +42,7 @@ class TrainerCan(StrictModel):
     """ZeRO stages (0 = replicated DDP, 1 = distributed optimizer, 2 = + gradients, 3 = FSDP)."""
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = 3
     """Highest ZeRO stage together with pipeline parallelism (pp > 1)."""
-    zero_stages_with_pp: list[Literal[0, 1, 2, 3]] | None = None
+    zero_stages_with_pp: list[Literal[0, 1, 2, 3]] | None = Field(default=None, min_length=1)
     """ZeRO stages with pp > 1 when they differ from ``zero_stages`` (None: the same, capped
     by ``max_zero_stage_with_pp``): FSDP under ``torch.distributed.pipelining`` keeps
     parameters and gradients unsharded until the last backward, which is ZeRO-1."""

@@ -41,10 +41,6 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_THROUGHPUT_CSV = DATA_DIR / "published_throughput.csv"
 DEFAULT_MEMORY_CSV = DATA_DIR / "published_memory.csv"
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_THROUGHPUT_CSV = DATA_DIR / "published_throughput.csv"
-DEFAULT_MEMORY_CSV = DATA_DIR / "published_memory.csv"
-
 
 @dataclass(frozen=True, kw_only=True)
 class _Case:

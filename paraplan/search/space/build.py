@@ -40,8 +40,10 @@ class SpaceOptions:
     """Largest context-parallel degree tried."""
     max_micro_batch: int = 128
     """Largest micro-batch size tried (divisors of the global batch up to this)."""
-    max_virtual_stages: int = 8
-    """Largest number of interleaved model chunks per pipeline rank tried."""
+    max_virtual_stages: int | None = None
+    """Largest number of interleaved model chunks per pipeline rank tried; None: every count
+    that splits the layers evenly (down to one layer per chunk, as Nemotron-4 340B's vpp=12
+    recipe runs), within what the trainer can express."""
     uneven_layers: bool = True
     """Allow pp that does not divide the layers (near-even split, non-interleaved)."""
 
@@ -153,8 +155,10 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 else:
                     for s in ("gpipe", "1f1b", "zb-h1"):
                         sched_v.append((SCHEDULES.index(s), 1))
-                    for v in range(2, opt.max_virtual_stages + 1):
-                        sched_v.append((SCHEDULES.index("interleaved"), v))
+                    top = L // p if opt.max_virtual_stages is None else opt.max_virtual_stages
+                    for v in range(2, top + 1):
+                        if L % (p * v) == 0:
+                            sched_v.append((SCHEDULES.index("interleaved"), v))
                 if "schedule" in fix:
                     sched_v = [(s, v) for s, v in sched_v if SCHEDULES[s] == fix["schedule"]]
                 if "virtual_stages" in fix:
