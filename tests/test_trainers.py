@@ -426,3 +426,22 @@ def test_fp8_weight_casts_are_paid_once_per_step_where_the_trainer_caches_them()
                             space.training.model_copy(update={"fp8_weight_cache": False}), plan,
                             time_if_oom=True)
         assert rep.step_time_s < uncached.step_time_s
+
+
+def test_fused_fp8_casts_write_both_layouts():
+    # A fused fp8 cast writes the row-wise copy for the forward GEMM and the column-wise one
+    # the weight-gradient GEMM needs (Hopper fp8 GEMMs are TN only): 2 B per input element;
+    # eager torchao pays amax (2 B read) + cast (2 B read, 1 B write) = 5 B.
+    import dataclasses
+
+    from paraplan.simulator.compute import Device, gemm_time
+    from paraplan.specs import load_gpu
+
+    gpu = load_gpu("h100-sxm")
+    m, n, k = 8192.0, 4096.0, 8192.0
+    for kernels, per_elem in (("fused", 2.0), ("eager", 5.0)):
+        dev = Device.of(gpu, "fp8", kernels)
+        bare = dataclasses.replace(dev, fp8_cast_bytes=0.0)
+        assert gemm_time(dev, m, n, k) - gemm_time(bare, m, n, k) == pytest.approx(
+            per_elem * (m * k + k * n) / dev.memory_Bps)
+    assert Device.of(gpu, "bf16").fp8_cast_bytes == 0.0

@@ -33,6 +33,13 @@ GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 # therefore slows compute by about NCCL_SMS / sm_count (Calculon models the same effect as
 # compute "stolen" by overlapped collectives).
 NCCL_SMS = 16
+# Bytes written per GEMM input element by a fused fp8 cast (Transformer Engine's
+# cast_transpose, torch.compile'd torchao): the row-wise fp8 copy for the forward GEMM and the
+# column-wise (transposed) one the weight-gradient GEMM needs, 1 B each. Hopper's fp8 tensor
+# cores take only the TN layout, so every fp8 operand used in both passes is stored both ways
+# (TE transformer_engine/common/transpose/cast_transpose.cu; TE Float8Tensor rowwise and
+# columnwise data). The 16-bit read belongs to the producing op (fused into it).
+FP8_FUSED_CAST_BYTES = 2.0
 KERNELS_PER_LAYER_FWD = 12  # norms, QKV, rope, attention, proj, adds, MLP matmuls, activation
 
 
@@ -82,7 +89,8 @@ class Device:
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=gpu.gemm_table,
                    table_scale=eff / gpu.matmul_efficiency * clock,
-                   fp8_cast_bytes=(5.0 if kernels == "eager" else 1.0) if precision == "fp8"
+                   fp8_cast_bytes=(5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES)
+                   if precision == "fp8"
                    else 0.0, fp8_weights_cached=weight_cache and precision == "fp8")
 
     @classmethod
@@ -127,9 +135,10 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
         # Dynamic scaling casts both 16-bit inputs to fp8: eager (torchao tensorwise without
         # compile) runs amax (read 2 B) and cast (read 2 B, write 1 B) as separate kernels;
         # fused stacks (Transformer Engine, torch.compile) fold them into the producer and
-        # only write the 1-byte copy. The k x n operand is the weight in every call here; a
-        # trainer that caches the cast weights (``fp8_weights_cached``) pays for them once per
-        # step, in ``optimizer_step_time``.
+        # only write the row- and column-wise fp8 copies (``FP8_FUSED_CAST_BYTES``). The
+        # k x n operand is the weight in every call here; a trainer that caches the cast
+        # weights (``fp8_weights_cached``) pays for them once per step, in
+        # ``optimizer_step_time``.
         weights = 0.0 if device.fp8_weights_cached else k * n
         gemm += device.fp8_cast_bytes * (m * k + weights) / device.memory_Bps
     return gemm
