@@ -351,7 +351,7 @@ def test_validate_recipes_ranks_a_recipe_and_says_why():
         assert row["rank"] >= 1 and row["plans_ranked"] > row["rank"]
         assert row["gain"] == pytest.approx(row["recipe_step_time_s"] / row["best_step_time_s"])
         if row["recipe_in_space"]:  # the search's #1 is never slower than a plan it holds
-            assert row["gain"] >= 1 - 1e-9
+            assert row["gain"] >= 1 - 1e-9 and row["recipe_fits"]
         assert all(w["part"] in ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm",
                                  "pp_comm", "dp_comm", "optimizer") for w in row["why"])
 

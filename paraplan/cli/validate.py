@@ -166,7 +166,9 @@ def validate_recipes_cmd(
             continue
         why = ", ".join(f"{w['part'].replace('_comm', '')} {w['recipe_minus_best_s']:+.2f} s"
                         for w in r["why"])
-        rank = str(r["rank"]) + ("" if r["recipe_in_space"] else "*")
+        # A recipe the memory model calls out of memory (it ran) is not among the ranked plans.
+        mark = "" if r["recipe_in_space"] else ("!" if not r.get("recipe_fits", True) else "*")
+        rank = str(r["rank"]) + mark
         table.add_row(str(r["index"]), r["model"], r["recipe"], r["best"], rank,
                       f"{r['gain']:.3f}", why or "-")
     console().print(table)
@@ -174,4 +176,6 @@ def validate_recipes_cmd(
         console().print(f"{result['n']} recipes: median predicted gain of #1 "
                         f"{result['median_gain']:.3f}x (max {result['max_gain']:.3f}x); "
                         f"{result['ranked_first']} ranked first, {result['within_5pct']} within "
-                        "5% of #1. * = the recipe is outside the searched space.")
+                        "5% of #1. * = the recipe is outside the searched space; ! = the "
+                        "memory model calls the recipe out of memory (it ran), so it is not "
+                        "ranked.")

@@ -55,6 +55,7 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
     if recipe.step_time_s is None:
         return {**row, "status": "recipe_not_priced", "reason": "; ".join(recipe.reasons)}
     row["recipe_step_time_s"] = recipe.step_time_s
+    row["recipe_fits"] = recipe.feasible
     if not recipe.feasible:
         row["note"] = "; ".join(recipe.reasons)
     # One evaluation of the trainer's whole space ranks the recipe and, through the
