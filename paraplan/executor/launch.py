@@ -290,8 +290,6 @@ def launch(fn: WorkerFn | str, nproc: int, config: dict, *, timeout_s: float = 3
         shutil.rmtree(root, ignore_errors=True)
 
 
-
-
 def _supervise(procs: list[subprocess.Popen], root: Path, deadline: float,
                timeout_s: float) -> list[dict]:
     """Wait for every worker; raise ExecutorError on the first failure or at the deadline."""

@@ -94,7 +94,7 @@ def parse_plan(plan: dict[str, Any], world_size: int) -> ExecPlan:
                          f"gpipe/1f1b and layer splits)")
     return ExecPlan(tp, pp, int(dp), ep, bool(plan.get("sequence_parallel", False)), zero,
                     int(plan.get("micro_batch_size", 1)), schedule,
-                    plan.get("layers_per_stage"), tuple(sorted(set(plan) - known)))
+                    plan.get("layers_per_stage"), tuple(ignored))
 
 
 def check_plan(cfg: TinyGPTConfig, plan: ExecPlan, global_batch_size: int) -> None:

@@ -86,12 +86,12 @@ class Device:
                                 or gpu.matmul_efficiency * FLASH_FWD_RELATIVE)
         bwd = peak16 * clock * (gpu.attention_efficiency_bwd
                                 or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
+        fp8 = precision == "fp8"
+        cast = (5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES) if fp8 else 0.0
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=gpu.gemm_table,
-                   table_scale=eff / gpu.matmul_efficiency * clock,
-                   fp8_cast_bytes=(5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES)
-                   if precision == "fp8"
-                   else 0.0, fp8_weights_cached=weight_cache and precision == "fp8")
+                   table_scale=eff / gpu.matmul_efficiency * clock, fp8_cast_bytes=cast,
+                   fp8_weights_cached=weight_cache and fp8)
 
     @classmethod
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:

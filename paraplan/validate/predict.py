@@ -36,7 +36,7 @@ def predict_memory(case: MemoryCase) -> tuple[float | None, str | None, bool]:
         return mem["activations"], None, True
     if case.metric == "activation_memory_pct_of_tp_baseline":
         base_plan = case.plan.model_copy(update={"sequence_parallel": False,
-                                                       "recompute": "none"})
+                                                 "recompute": "none"})
         base = simulate(case.model, case.cluster, case.training, base_plan, time_if_oom=True)
         if not base.memory_gb["activations"]:
             return None, "baseline activation memory is zero", True

@@ -63,10 +63,8 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
     space = build_space(model, cluster, training, trainer=trainer)
     ev = evaluate_space(space, exact_interleaved=True) if len(space) else None
     ok = ev.feasible & np.isfinite(ev.step_time_s) if ev is not None else np.zeros(0, bool)
-    if not ok.any():
-        return {**row, "status": "no_search", "reason": "no plan the trainer can run fits"}
     found = top_k(ev.step_time_s, space.cols["uneven"] == 0, ok, 1, lambda i: simulate(
-        model, cluster, training, space.plan(i), trainer=trainer))
+        model, cluster, training, space.plan(i), trainer=trainer)) if ok.any() else []
     if not found:
         return {**row, "status": "no_search", "reason": "no plan the trainer can run fits"}
     best = found[0]

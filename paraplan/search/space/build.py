@@ -187,7 +187,9 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                 rejected[R_SEQ] += count
                                 continue
                             uneven = L % (p * v) != 0
-                            if p > L or (uneven and (v > 1 or not opt.uneven_layers)):
+                            # (only v = 1 can be uneven: other chunk counts that do not
+                            # split the layers are never enumerated)
+                            if p > L or (uneven and not opt.uneven_layers):
                                 rejected[R_LAYERS] += count
                                 continue
                             if (not model.is_moe and (ep > 1 or etp != t)) or (model.is_moe and (
