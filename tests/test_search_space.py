@@ -29,14 +29,19 @@ CASES = (
     ("mixtral-8x7b", "dgx-h100", 4, 256, 4096),
     ("deepseek-moe-16b", "dgx-h100", 2, 128, 4096),
     ("llama2-13b", "aws-p4d.24xlarge", 2, 64, 4096),
+    # FSDP2's copies under ZeRO-2/3 (simulator.copies.fsdp_copy_bytes_per_param)
+    # and PyTorch's ring attention (simulator.copies.eager_ring_bytes), as torchtitan runs
+    ("llama3-8b", "dgx-a100-80gb", 2, 64, 4096, {"fsdp_copies": "per_param",
+                                                   "grad_reduce_fp32": True,
+                                                   "cp_merge": "eager_fp32"}),
 )
 
 
 @cache
 def _case(i: int):
-    name, cluster, nodes, batch, seq = CASES[i]
+    name, cluster, nodes, batch, seq, *more = CASES[i]
     model, cl = load_model(name), load_cluster(cluster, nodes=nodes)
-    tr = TrainingSpec(global_batch_size=batch, seq_len=seq)
+    tr = TrainingSpec(global_batch_size=batch, seq_len=seq, **(more[0] if more else {}))
     space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=8))
     ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
     return model, cl, tr, space, ev

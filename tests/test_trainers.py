@@ -445,3 +445,66 @@ def test_fused_fp8_casts_write_both_layouts():
         assert gemm_time(dev, m, n, k) - gemm_time(bare, m, n, k) == pytest.approx(
             per_elem * (m * k + k * n) / dev.memory_Bps)
     assert Device.of(gpu, "bf16").fp8_cast_bytes == 0.0
+
+
+@pytest.mark.parametrize("copies,zero,per_param", [
+    ("per_param", 3, 2 * 2 * 2 + 2 + 4),  # two gathers copied out (r+w bf16), bf16 -> fp32 pack
+    ("per_param", 2, 1 * 2 * 2 + 2 + 4),  # reshard_after_forward=False: one gather
+    ("flat", 3, 2 + 4),                   # FSDP1: only the fp32 cast of the unsharded gradient
+])
+def test_fsdp_copies_are_charged_every_micro_batch(copies, zero, per_param):
+    # Hand-worked: the step grows by m x (parameters on the rank) x bytes / memory bandwidth,
+    # in simulate and in the vectorized search evaluator alike.
+    from paraplan.simulator.compute import Device
+    from paraplan.simulator.memory import params_per_stage
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, grad_reduce_fp32=True)
+    plan = parse_plan(f"tp=1,pp=1,dp=8,zero={zero},mbs=2")
+    bare = simulate(model, cluster, training, plan)
+    priced = simulate(model, cluster, training.model_copy(update={"fsdp_copies": copies}), plan)
+    dense, experts = params_per_stage(model, plan, [model.num_layers], 0, [0])
+    dev = Device.of(cluster.node_groups[0].gpu, "bf16")
+    m = priced.extra["num_microbatches"]
+    assert m == 4
+    want = m * (dense + experts) * per_param / dev.memory_Bps
+    assert priced.step_time_s - bare.step_time_s == pytest.approx(want, rel=1e-9)
+    assert priced.time_s["compute"] - bare.time_s["compute"] == pytest.approx(want, rel=1e-9)
+    # The searchers price it too: the same plan ranked by the vectorized evaluator.
+    trained = training.model_copy(update={"fsdp_copies": copies})
+    res = search(model, cluster, trained, searcher="exhaustive", top=200,
+                 fix={"tp": 1, "pp": 1, "zero": zero, "mbs": 2})
+    same = [r for r in res.reports if r.extra["plan_short"] == priced.extra["plan_short"]]
+    assert same and same[0].step_time_s == pytest.approx(priced.step_time_s, rel=1e-6)
+
+
+def test_trainer_profiles_name_their_fsdp():
+    assert load_trainer("torchtitan").runs.fsdp_copies == "per_param"
+    assert load_trainer("llm-foundry").runs.fsdp_copies == "flat"
+    assert load_trainer("megatron-core").runs.fsdp_copies is None
+
+
+def test_pytorch_ring_attention_merges_in_fp32():
+    # Hand count for cp=4, bf16, 1000 query and 500 K+V elements (simulator.compute docstring):
+    # forward 3 merges x (36 + 2 + 4) B per query element + 3 K/V packs x 4 B + a final cast
+    # (6 B); backward 4 steps x (14 B per query element, 22 B per K/V element) + 3 K/V
+    # packs x 4 B + zeroing and casting back (10 B per element).
+    from paraplan.simulator.copies import eager_ring_bytes
+
+    fwd, bwd, kernels = eager_ring_bytes(4, 1000.0, 500.0, 2.0)
+    assert fwd == 3 * 42 * 1000 + 3 * 4 * 500 + 6 * 1000
+    assert bwd == 4 * (14 * 1000 + 22 * 500) + 3 * 4 * 500 + 10 * 1500
+    assert kernels == (25, 24)
+    # In a plan: torchtitan's ring (eager fp32 merges, fp32 dK/dV ring) costs more than
+    # Transformer Engine's for the same cp=4 plan; without cp both are the same.
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    fused = TrainingSpec(global_batch_size=8, seq_len=65536)
+    eager = fused.model_copy(update={"cp_merge": "eager_fp32"})
+    cp4 = parse_plan("tp=1,pp=1,dp=2,cp=4,zero=1,mbs=1,rc=full")
+    assert (simulate(model, cluster, eager, cp4).step_time_s
+            > simulate(model, cluster, fused, cp4).step_time_s)
+    cp1 = parse_plan("tp=1,pp=1,dp=8,zero=1,mbs=1,rc=full")
+    assert (simulate(model, cluster, eager, cp1).step_time_s
+            == simulate(model, cluster, fused, cp1).step_time_s)
+    assert load_trainer("torchtitan").runs.cp_merge == "eager_fp32"
+    assert load_trainer("megatron-core").runs.cp_merge == "fused"

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from paraplan.simulator.copies import eager_ring_bytes
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
@@ -305,6 +306,11 @@ def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     d = model.head_size
     q_elems = rows * model.num_attention_heads * d / plan.tp
     kv_elems = 2.0 * rows * model.kv_heads * d / plan.tp
+    if training.cp_merge == "eager_fp32":
+        fwd_b, bwd_b, kernels = eager_ring_bytes(plan.cp, q_elems, kv_elems,
+                                                 float(training.compute_bytes))
+        return (fwd_b / device.memory_Bps + kernels[0] * KERNEL_OVERHEAD_S,
+                bwd_b / device.memory_Bps + kernels[1] * KERNEL_OVERHEAD_S)
     scale = training.compute_bytes / 2
     launch = 3 * KERNEL_OVERHEAD_S * steps
     fwd = steps * 6.0 * q_elems * scale / device.memory_Bps + launch

@@ -41,6 +41,9 @@ class LayerParts:
     """Exposed ring-attention KV passing of one forward."""
     ep_s: float
     """Dispatch + combine all-to-all of one pass (MoE layers)."""
+    cp_bwd_s: float = 0.0
+    """Exposed ring traffic of one backward: K/V again plus dK/dV (``cp_merge``: 16-bit for
+    Transformer Engine, fp32 for PyTorch's ``context_parallel``)."""
 
 
 def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
@@ -82,7 +85,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
             # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
             cover = lt.gemm_fwd_s / 4
             tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
-    cp_c = 0.0
+    cp_c = cp_b = 0.0
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
@@ -94,13 +97,17 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # (as for every overlapped collective: ``Device.nccl_slowdown``).
         ring_s, cover = (cp - 1) * step, lt.attention_fwd_s
         cp_c = max(0.0, ring_s - cover) + min(ring_s, cover) * device.nccl_slowdown
+        # Backward: K/V travel again and dK/dV with them, at the accumulator's width (PyTorch
+        # sends fp32 dK/dV: torch/distributed/tensor/experimental/_attention.py).
+        dkv = 4.0 / training.compute_bytes if training.cp_merge == "eager_fp32" else 1.0
+        cp_b = (1.0 + dkv) * cp_c
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
         a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
         a2a *= plan.moe_capacity_factor or 1.0  # padded to capacity (None: dropless)
         ep_group = on(tuple(plan.expert_tp * j for j in range(plan.ep)))
         ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
-    return LayerParts(lt, tp_c, cp_c, ep_c)
+    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b)
 
 
 CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
@@ -167,7 +174,7 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     }.get(recompute, 0.0)
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
     tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
-    cp_f, cp_b = cp_c, 2 * cp_c + (cp_c if full else 0.0)
+    cp_f, cp_b = cp_c, parts.cp_bwd_s + (cp_c if full else 0.0)
     ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
     return LayerCost(
         fwd=lt.forward_s + tp_f + cp_f + ep_f,

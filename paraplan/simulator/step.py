@@ -19,6 +19,7 @@ import numpy as np
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device, optimizer_step_time
+from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.dp_sync import bucketed_grad_sync, grad_sync_parts
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.layer import (
@@ -336,7 +337,10 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     eshard = edp if plan.zero_stage >= 1 else 1
     opt = optimizer_step_time(dense0 / shard + experts0 / eshard, training, device)
 
-    step = span + dp_time + zero3_exposed + opt
+    copies = m * (dense0 + experts0) * fsdp_copy_bytes_per_param(  # FSDP's copies (ZeRO-2/3)
+        training, plan.zero_stage) / device.memory_Bps if (cp * dp > 1 or edp > 1) else 0.0
+
+    step = span + dp_time + zero3_exposed + opt + copies
 
     # ---- memory --------------------------------------------------------------------------
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v) for r in range(p)]
@@ -352,7 +356,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     tp_c, cp_c, ep_c = m * tp_sum[crit], m * cp_sum[crit], m * ep_sum[crit]
     exposed = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3_exposed
-    time_s = {"compute": m * comp[crit], "tp_comm": tp_c, "cp_comm": cp_c, "ep_comm": ep_c,
+    time_s = {"compute": m * comp[crit] + copies, "tp_comm": tp_c, "cp_comm": cp_c, "ep_comm": ep_c,
               "pp_comm": pp_comm, "dp_comm": dp_time + zero3_exposed, "bubble": bubble,
               "optimizer": opt, "exposed_comm": exposed}
     extra = {"dp": dp, "num_microbatches": m, "layers_per_stage": layers,

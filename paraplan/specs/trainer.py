@@ -100,6 +100,10 @@ class TrainerRuns(StrictModel):
     """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
     compile: bool = False
     """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
+    fsdp_copies: Literal["flat", "per_param"] | None = None
+    """Per-micro-batch copies of its sharded data parallelism (``TrainingSpec.fsdp_copies``)."""
+    cp_merge: Literal["fused", "eager_fp32"] = "fused"
+    """Its ring attention's merges (``TrainingSpec.cp_merge``)."""
 
 
 class TrainerSpec(StrictModel):
@@ -213,13 +217,15 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
 
 def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
     """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels, fp8
-    weight caching and FlashAttention version from the profile, except those the user set."""
+    weight caching, FlashAttention version, FSDP copies and ring-attention merges from the
+    profile, except those the user set."""
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "kernels": runs.kernels,
              "fp8_weight_cache": runs.fp8_weight_cache,
-             "flash_attention_version": runs.flash_attention_version}
+             "flash_attention_version": runs.flash_attention_version,
+             "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge}
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})
 

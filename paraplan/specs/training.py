@@ -44,6 +44,19 @@ class TrainingSpec(StrictModel):
     """fp8 training casts the weights once per step and reuses them on every micro-batch
     (Transformer Engine's ``is_first_microbatch``, which Megatron passes), instead of casting
     them for every micro-batch's GEMMs."""
+    fsdp_copies: Literal["flat", "per_param"] | None = None
+    """Memory copies the sharded data-parallel implementation adds to every micro-batch under
+    zero_stage 2/3 (``simulator.copies.fsdp_copy_bytes_per_param``): ``flat`` (PyTorch FSDP1
+    FlatParameter: the all-gather writes the flat parameter in place; the unsharded gradient
+    is cast to the reduce dtype when it differs), ``per_param`` (FSDP2 ``fully_shard``: every
+    all-gather is copied out into the per-parameter tensors and every reduce-scatter input is
+    packed by a copy-in); None: not priced (Megatron's and DeepSpeed's own buffers)."""
+    cp_merge: Literal["fused", "eager_fp32"] = "fused"
+    """How ring attention (context parallelism) merges its per-step partial results:
+    ``fused`` (Transformer Engine ``AttnFuncWithCPAndKVP2P``: in-place 16-bit corrections,
+    dK/dV passed at 16 bits) or ``eager_fp32`` (PyTorch ``context_parallel``, which
+    torchtitan uses: eager fp32 merges, fp32 dQ/dK/dV accumulators and an fp32 dK/dV ring;
+    ``simulator.copies.eager_ring_bytes``)."""
     grad_reduce_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
     compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""

@@ -61,6 +61,8 @@ class Context:
     """Gradient bytes per element on the wire, per plan."""
     slow: float
     opt_coef: float
+    fsdp_coef: np.ndarray
+    """Seconds per parameter per micro-batch of FSDP's copies, by ZeRO stage 0..3."""
     overlap: bool
     interval: float
     capacity_bytes: float
@@ -258,12 +260,15 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     eshard = np.where(z >= 1, e_dp.astype(float), 1.0)
     opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
 
-    out_step[idx] = span + dp_time + zero3 + opt
+    # FSDP copies every micro-batch (simulator.copies.fsdp_copy_bytes_per_param).
+    copies = np.where(need, m * (dense0 + exp0) * ctx.fsdp_coef[np.clip(z, 0, 3)], 0.0)
+
+    out_step[idx] = span + dp_time + zero3 + opt + copies
     comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
     tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
     cp_c = m * stage(5)[rows, crit]
     ep_c = m * stage(6)[rows, crit]
-    times["compute"][idx] = m * comp[rows, crit]
+    times["compute"][idx] = m * comp[rows, crit] + copies
     times["tp_comm"][idx] = tp_c
     times["cp_comm"][idx] = cp_c
     times["ep_comm"][idx] = ep_c

@@ -16,6 +16,7 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, optimizer_step_time
+from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.memory import GiB, layer_activations
 from paraplan.simulator.step import LayerParts, compose_layer_cost, head_times, layer_parts
 from paraplan.specs.errors import SpecError
@@ -86,6 +87,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     pp_fraction = pp_ratio(training, ParallelPlan(**knobs))
     slow = dev.nccl_slowdown
     opt_coef = optimizer_step_time(1.0, training, dev)
+    fsdp_coef = np.array([fsdp_copy_bytes_per_param(training, z_) / dev.memory_Bps
+                          for z_ in range(4)])
     capacity = float(gpu.memory_GiB)
 
     out_step = np.full(n, np.nan)
@@ -154,7 +157,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                                          / lines_of[:, :, 1], axis=1), 0.0)
 
     ctx = Context(dev=dev, cb=cb, grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
-                  overlap=overlap, interval=interval, capacity_bytes=capacity * GiB,
+                  fsdp_coef=fsdp_coef, overlap=overlap, interval=interval,
+                  capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
                   ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
                   edp=edp, t_p2p=t_p2p, overlap_p2p=bool(const.get("overlap_p2p_comm", False)),

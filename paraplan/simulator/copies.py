@@ -1,0 +1,66 @@
+"""Bytes that trainers' framework code moves outside the model's own kernels, per micro-batch:
+FSDP's copies around its collectives and PyTorch ring attention's merges. Pure byte counts,
+each from the framework source it cites; ``simulator.compute`` turns them into seconds."""
+
+from __future__ import annotations
+
+from paraplan.specs.training import TrainingSpec
+
+
+def fsdp_copy_bytes_per_param(training: TrainingSpec, zero_stage: int) -> float:
+    """Bytes of memory traffic per (unsharded) parameter that sharded data parallelism adds
+    to every micro-batch under ZeRO-2/3, outside the collectives (``training.fsdp_copies``).
+
+    - ``per_param``, PyTorch FSDP2 ``fully_shard`` (torch/distributed/fsdp/_fully_shard/
+      _fsdp_collectives.py): ``foreach_all_gather_copy_out`` copies each all-gather's output
+      into the per-parameter tensors (``split_with_sizes_copy``: read and write, 2 x the
+      compute dtype); ``foreach_reduce`` packs the gradients into the reduce-scatter input
+      with ``torch._chunk_cat`` (read the compute dtype, write the reduce dtype). ZeRO-3
+      gathers twice per micro-batch (forward, and again for backward after the forward
+      reshard); ZeRO-2 (``reshard_after_forward=False``) once.
+    - ``flat``, FSDP1 FlatParameter (torch/distributed/fsdp/_runtime_utils.py
+      ``_reduce_grad``): the all-gather writes the flat parameter itself; the unsharded
+      gradient is cast to the reduce dtype when that differs (``.to(reduce_dtype)``).
+    - None: not priced (0).
+
+    The reduce copy-in runs on FSDP's reduce-scatter stream, beside compute, but it still
+    moves these bytes through the same memory; it is charged in full.
+    """
+    if zero_stage < 2 or training.fsdp_copies is None:
+        return 0.0
+    cb, rb = float(training.compute_bytes), float(training.grad_reduce_bytes)
+    if training.fsdp_copies == "flat":
+        return cb + rb if rb != cb else 0.0
+    gathers = 2.0 if zero_stage == 3 else 1.0
+    return gathers * 2.0 * cb + cb + rb
+
+
+def eager_ring_bytes(cp: int, q_elems: float, kv_elems: float, cb: float
+                     ) -> tuple[float, float, tuple[int, int]]:
+    """(forward bytes, backward bytes, (forward, backward) kernel launches) of PyTorch's ring
+    attention outside its attention kernels, one layer and micro-batch, counted op by op
+    from torch/distributed/tensor/experimental/_attention.py (``_templated_ring_attention``,
+    ``_SDPAMerger`` with the default ``convert_to_f32``, ``_templated_ring_attention_backward``;
+    load balancing on, as torchtitan runs it). ``q_elems`` / ``kv_elems``: elements of the
+    rank's queries and of its keys plus values; ``cb``: bytes of the compute dtype.
+
+    Forward, each of the cp - 1 merges: cast the step's output to fp32 (read cb, write 4),
+    ``out - block_out`` (12 B), scale by the sigmoid of the LSE difference (8 B), subtract
+    from the running output (12 B): 36 + cb per query element, plus a full re-concatenation
+    of the fp32 output on the half of the steps that update only its second half
+    (``_partial_update``: 8 B); every step but the last packs K and V for the send
+    (``torch.cat``: 2 cb); the result is cast back once (4 + cb).
+    Backward: fp32 accumulators zeroed (4 B per element of Q, K, V); at each of the cp
+    steps dQ and dK/dV are added into them (read 4 + cb, write 4), half the steps through a
+    re-concatenation (8 B), and dK/dV are packed for the fp32 dK/dV ring (8 B); K and V are
+    packed for their own ring (2 cb, cp - 1 times); the results are cast back once (4 + cb).
+    """
+    steps = cp - 1
+    merge = 36.0 + cb + 0.5 * 8.0
+    fwd = steps * (merge * q_elems + 2.0 * cb * kv_elems) + (4.0 + cb) * q_elems
+    acc = 8.0 + cb + 0.5 * 8.0
+    bwd = (cp * (acc * q_elems + (acc + 8.0) * kv_elems) + steps * 2.0 * cb * kv_elems
+           + (4.0 + 4.0 + cb) * (q_elems + kv_elems))
+    # Launches: per forward merge two casts, five elementwise ops, the K/V pack; per
+    # backward step three accumulations, two packs.
+    return fwd, bwd, (8 * steps + 1, 5 * cp + 4)
