@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+import time
 from typing import Any
 
+import numpy as np
 import pulp
 
 from paraplan.search.ilp.bounds import replica_bound, replica_times
@@ -141,6 +145,67 @@ def data_inputs(ctx: Ctx, ch: Choice,
     return line, bound
 
 
+def exact_shares(line: dict[str, tuple[float, float]], count: dict[str, int], M: int,
+                 dp: int | None) -> tuple[float, dict[str, list[int]]] | None:
+    """The optimum of the data ILP (:func:`solve_data`) by enumeration: (T seconds, micro-batches
+    per replica of each active type, non-increasing), or None when no allocation exists.
+
+    For a set A of active types (all replicas of each, at least one micro-batch each;
+    ``dp`` pins the replica count) a replica of type g runs at most
+    c_g(T) = floor((T - beta_g) / alpha_g) micro-batches by T, so the least T is the least
+    line value alpha_g n + beta_g (n in 1..M, g in A) at which sum_g R_g min(M, c_g(T)) >= M
+    and every c_g(T) >= 1: a binary search over those values. Over all sets A the least T
+    wins (the first set in size order on ties). The allocation then takes micro-batches
+    back, one at a time, from the replica whose line is highest until they sum to M, so
+    replicas of one type differ by at most one. Needs every alpha_g > 0 (a replica's step
+    grows with its micro-batches); the caller falls back to CBC otherwise.
+    """
+    types = list(line)
+    best: tuple[float, tuple[str, ...]] | None = None
+    n = np.arange(1, M + 1, dtype=float)
+    for size in range(1, len(types) + 1):
+        for active in itertools.combinations(types, size):
+            reps = sum(count[g] for g in active)
+            if reps > M or (dp is not None and reps != dp):
+                continue
+
+            def fits(level: float, active: tuple[str, ...] = active) -> bool:
+                caps = [min(M, math.floor((level - line[g][1]) / line[g][0] * (1 + 1e-12)
+                                          + 1e-9)) for g in active]
+                return min(caps) >= 1 and sum(count[g] * c for g, c in
+                                              zip(active, caps, strict=True)) >= M
+
+            levels = np.unique(np.concatenate([line[g][0] * n + line[g][1] for g in active]))
+            if not fits(float(levels[-1])):
+                continue
+            lo, hi = 0, len(levels) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fits(float(levels[mid])):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            level = float(levels[lo])
+            if best is None or level < best[0] * (1 - 1e-12):
+                best = (level, active)
+    if best is None:
+        return None
+    level, active = best
+    shares = {g: [min(M, math.floor((level - line[g][1]) / line[g][0] * (1 + 1e-12) + 1e-9))]
+              * count[g] for g in active}
+    heap = [(-(line[g][0] * k + line[g][1]), g, j) for g in active
+            for j, k in enumerate(shares[g])]
+    heapq.heapify(heap)
+    extra = sum(sum(v) for v in shares.values()) - M
+    while extra > 0:
+        _, g, j = heapq.heappop(heap)
+        if shares[g][j] > 1:
+            shares[g][j] -= 1
+            extra -= 1
+            heapq.heappush(heap, (-(line[g][0] * shares[g][j] + line[g][1]), g, j))
+    return level, {g: sorted(v, reverse=True) for g, v in shares.items()}
+
+
 def solve_data(ctx: Ctx, ch: Choice, fix: dict[str, Any],
                line: dict[str, tuple[float, float]], time_limit_s: float,
                ) -> tuple[IlpCandidate | None, SolveRecord]:
@@ -152,14 +217,24 @@ def solve_data(ctx: Ctx, ch: Choice, fix: dict[str, Any],
     sum_j n_j = M (micro-batches of the global batch), a_g <= n_j <= M a_g,
     T >= alpha_g n_j + beta_g a_g, minimise T (milliseconds).
 
-    Verification: per type, ``simulate`` of its active replicas at their largest n; the
-    gradient reduction is then re-priced over the data-parallel ranks of all types
-    (:func:`_union_dp_time`).
+    Solved by :func:`exact_shares` (the same optimum, without a CBC subprocess) when every
+    alpha_g > 0, else by CBC. Verification: per type, ``simulate`` of its active replicas at
+    their largest n; the gradient reduction is then re-priced over the data-parallel ranks
+    of all types (:func:`_union_dp_time`).
     """
     width = ch.tp * ch.pp * ch.cp
     M = ctx.training.global_batch_size // ch.mbs
     dp = int(fix["dp"]) if fix.get("dp") is not None else None
     count = {g: ctx.types[g].num_gpus // width for g in line}
+    if all(alpha > 0 for alpha, _ in line.values()):
+        start = time.perf_counter()
+        found = exact_shares(line, count, M, dp)
+        wall = time.perf_counter() - start
+        if found is None:
+            return None, SolveRecord("data", ch.short(), "infeasible", None, None, None, wall)
+        obj = MS * found[0]
+        return _verify(ctx, ch, line, found[1],
+                       SolveRecord("data", ch.short(), "optimal", obj, obj, 0.0, wall))
     reps = [(g, j) for g in line for j in range(count[g])]
     prob = pulp.LpProblem("data_hetero", pulp.LpMinimize)
     nv = [lp_var(prob, f"n_{i}", 0, M, "Integer") for i in range(len(reps))]
@@ -184,6 +259,15 @@ def solve_data(ctx: Ctx, ch: Choice, fix: dict[str, Any],
         n = int(round(nv[i].varValue or 0.0))
         if n > 0:
             shares.setdefault(g, []).append(n)
+    return _verify(ctx, ch, line, shares, rec)
+
+
+def _verify(ctx: Ctx, ch: Choice, line: dict[str, tuple[float, float]],
+            shares: dict[str, list[int]], rec: SolveRecord
+            ) -> tuple[IlpCandidate | None, SolveRecord]:
+    """``simulate`` each active type at its largest share, then the all-type gradient
+    reduction (:func:`solve_data`)."""
+    width = ch.tp * ch.pp * ch.cp
     groups: list[DataGroup] = []
     node_groups: list[NodeGroup] = []
     union: list[int] = []

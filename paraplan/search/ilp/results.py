@@ -17,7 +17,8 @@ FORMULATIONS: tuple[str, ...] = ("pipeline", "data")
 
 @dataclass(frozen=True)
 class SolveRecord:
-    """One CBC solve: what it was, how it ended, how long it took."""
+    """One solve (CBC; the data formulation by exact enumeration when every replica line
+    rises, ``data_ilp.exact_shares``): what it was, how it ended, how long it took."""
 
     formulation: str
     """``pipeline`` or ``data``."""
