@@ -50,6 +50,7 @@ from paraplan.validate.source_facts import (
     BLOOM_LAYERS_PER_STAGE,
     DEFAULT_VOCAB,
     KORTHIKANTI_GBS,
+    KORTHIKANTI_VPP,
     OMNI_PATH_100G,
     PLAN_DOUBT,
     SC21_TABLE_1,
@@ -235,6 +236,10 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
                            "Megatron-LM examples/sc21/run_table_1.sh")
         else:
             s.guess("row does not match examples/sc21/run_table_1.sh; defaults used")
+    if vpp is None and not vpp_text and s.source == "korthikanti2022":
+        vpp = KORTHIKANTI_VPP.get(model.hidden_size)
+        if vpp is not None:
+            s.guess(f"{vpp} virtual stages per rank from the Table 3 config of this model")
     if vpp is None:
         if vpp_text:  # "interleaved; chunks not stated"
             vpp = 2
