@@ -30,10 +30,12 @@ CASES = (
     ("deepseek-moe-16b", "dgx-h100", 2, 128, 4096),
     ("llama2-13b", "aws-p4d.24xlarge", 2, 64, 4096),
     # FSDP2's copies under ZeRO-2/3 (simulator.copies.fsdp_copy_bytes_per_param)
-    # and PyTorch's ring attention (simulator.copies.eager_ring_bytes), as torchtitan runs
+    # PyTorch's ring attention (simulator.copies.eager_ring_bytes) and FSDP's ZeRO-2 gathers,
+    # as torchtitan runs them
     ("llama3-8b", "dgx-a100-80gb", 2, 64, 4096, {"fsdp_copies": "per_param",
                                                    "grad_reduce_fp32": True,
-                                                   "cp_merge": "eager_fp32"}),
+                                                   "cp_merge": "eager_fp32",
+                                                   "zero2_regather": True}),
 )
 
 

@@ -508,3 +508,26 @@ def test_pytorch_ring_attention_merges_in_fp32():
             == simulate(model, cluster, fused, cp1).step_time_s)
     assert load_trainer("torchtitan").runs.cp_merge == "eager_fp32"
     assert load_trainer("megatron-core").runs.cp_merge == "fused"
+
+
+def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
+    # FSDP reshards after every backward, so ZeRO-2 with accumulation all-gathers the
+    # parameters once per micro-batch (m), not once per step (DeepSpeed stage 2). Without
+    # overlap every collective is exposed: the step grows by (m - 1) parameter all-gathers.
+    from paraplan.simulator.dp_sync import grad_sync_parts
+    from paraplan.simulator.memory import params_per_stage
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    once = TrainingSpec(global_batch_size=128, seq_len=4096)
+    again = once.model_copy(update={"zero2_regather": True})
+    plan = parse_plan("tp=1,pp=1,dp=16,zero=2,mbs=2").model_copy(
+        update={"overlap_grad_reduce": False})
+    a, b = simulate(model, cluster, once, plan), simulate(model, cluster, again, plan)
+    m = a.extra["num_microbatches"]
+    assert m == 4
+    dense, _ = params_per_stage(model, plan, [model.num_layers], 0, [0])
+    _, params = grad_sync_parts(cluster.topology, tuple(range(16)), model, plan, again, dense)
+    assert params > 0
+    assert b.step_time_s - a.step_time_s == pytest.approx((m - 1) * params, rel=1e-9)
+    assert load_trainer("torchtitan").runs.zero2_regather is True
+    assert load_trainer("deepspeed").runs.zero2_regather is False

@@ -309,10 +309,11 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
         # ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
         # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2;
-        # FSDP with reshard_after_forward=False and no no_sync): m reduce-scatters, each
-        # hidden only behind its own micro-batch's backward, then one parameter all-gather.
+        # FSDP without no_sync): m reduce-scatters, each hidden only behind its own backward,
+        # then one parameter all-gather (FSDP: one per micro-batch, ``zero2_regather``).
         if plan.zero_stage == 2 and m > 1:
-            out = (m - 1) * exposed(grads) + exposed(grads + params)
+            out = (m - 1) * exposed(grads + params * training.zero2_regather) \
+                + exposed(grads + params)
         else:
             out = exposed(grads + params)
         return out / plan.dp_sync_interval, 0.0
@@ -379,9 +380,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   "a smaller micro_batch_size or more tp/pp")
         if not time_if_oom:
             return infeasible(plan, [reason], extra, memory, per_stage)
-        oom_reasons = [reason]
-    else:
-        oom_reasons = []
+    oom_reasons = [reason] if memory["peak"] > capacity else []
 
     n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
     h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,

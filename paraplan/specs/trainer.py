@@ -104,6 +104,8 @@ class TrainerRuns(StrictModel):
     """Per-micro-batch copies of its sharded data parallelism (``TrainingSpec.fsdp_copies``)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
     """Its ring attention's merges (``TrainingSpec.cp_merge``)."""
+    zero2_regather: bool = False
+    """ZeRO-2 re-gathers parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
 
 
 class TrainerSpec(StrictModel):
@@ -225,7 +227,8 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "dropout": runs.dropout, "kernels": runs.kernels,
              "fp8_weight_cache": runs.fp8_weight_cache,
              "flash_attention_version": runs.flash_attention_version,
-             "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge}
+             "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
+             "zero2_regather": runs.zero2_regather}
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})
 

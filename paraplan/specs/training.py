@@ -51,6 +51,12 @@ class TrainingSpec(StrictModel):
     is cast to the reduce dtype when it differs), ``per_param`` (FSDP2 ``fully_shard``: every
     all-gather is copied out into the per-parameter tensors and every reduce-scatter input is
     packed by a copy-in); None: not priced (Megatron's and DeepSpeed's own buffers)."""
+    zero2_regather: bool = False
+    """ZeRO-2 gathers the parameters again for every micro-batch: PyTorch FSDP with
+    ``reshard_after_forward=False`` still reshards after each backward (FSDP2
+    ``FSDPParamGroup.reshard_after_backward`` defaults to True), so with gradient
+    accumulation each micro-batch all-gathers them (torchtitan ``fsdp_reshard_after_forward =
+    "never"``). False: gathered once per step, after the optimizer (DeepSpeed stage 2)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
     """How ring attention (context parallelism) merges its per-step partial results:
     ``fused`` (Transformer Engine ``AttnFuncWithCPAndKVP2P``: in-place 16-bit corrections,

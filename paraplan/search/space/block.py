@@ -62,6 +62,8 @@ class Context:
     slow: float
     opt_coef: float
     fsdp_coef: np.ndarray
+    regather: bool
+    """ZeRO-2 gathers the parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
     """Seconds per parameter per micro-batch of FSDP's copies, by ZeRO stage 0..3."""
     overlap: bool
     interval: float
@@ -253,7 +255,8 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
             return x
     # ZeRO-2 with m > 1: a reduce-scatter every micro-batch (simulator.step).
     z2m = (z == 2) & (m > 1)
-    dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
+    again = sync if ctx.regather else g_part  # TrainingSpec.zero2_regather
+    dpt = np.where(z2m, (m - 1) * exposed(again) + exposed(sync), exposed(sync))
     dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
     zero3 = np.where(need & z3, z3_exp, 0.0)
     shard = np.where(z >= 1, (dp * cp).astype(float), 1.0)

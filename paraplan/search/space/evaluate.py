@@ -157,8 +157,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                                          / lines_of[:, :, 1], axis=1), 0.0)
 
     ctx = Context(dev=dev, cb=cb, grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
-                  fsdp_coef=fsdp_coef, overlap=overlap, interval=interval,
-                  capacity_bytes=capacity * GiB,
+                  fsdp_coef=fsdp_coef, regather=training.zero2_regather, overlap=overlap,
+                  interval=interval, capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
                   ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
                   edp=edp, t_p2p=t_p2p, overlap_p2p=bool(const.get("overlap_p2p_comm", False)),
