@@ -382,3 +382,19 @@ def test_compression_knobs_are_refused_by_every_trainer(fmt, update, field) -> N
     with pytest.raises(ExportError) as info:
         export_text(fmt, bad)
     assert info.value.field == field
+
+
+def test_nanotron_refuses_context_parallelism_its_llama_model_cannot_run():
+    # nanotron's Llama model has no context parallelism (only its Qwen2 attention reads
+    # context_parallel_size), so neither the search nor the exporter offers cp > 1 for it.
+    from paraplan.search import search
+    from paraplan.specs import load_trainer
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    training = TrainingSpec(global_batch_size=64, seq_len=16384)
+    plan = parse_plan("tp=2,cp=4,mbs=1,pp=2,schedule=gpipe")
+    with pytest.raises(ExportError, match="plan.cp=4 cannot be exported to nanotron"):
+        export_text("nanotron", export_context(model, training, plan, cluster=cluster))
+    assert load_trainer("nanotron").can.context_parallel is False
+    res = search(model, cluster, training, trainer="nanotron", top=20)
+    assert res.reports and all(r.plan["cp"] == 1 for r in res.reports)

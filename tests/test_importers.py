@@ -37,7 +37,7 @@ CASES = [
     ("deepspeed", "llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,pp=2,mbs=1,rc=full"),
     ("deepspeed", "llama3-8b", "dgx-h100", 2, 128, 4096, "zero=3,mbs=2"),
     ("nanotron", "llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,sp=1,pp=2,zero=1,mbs=1,rc=full"),
-    ("nanotron", "llama3-8b", "dgx-h100", 2, 64, 16384, "tp=2,cp=4,mbs=1,schedule=gpipe,pp=2"),
+    ("nanotron", "llama3-8b", "dgx-h100", 2, 64, 16384, "tp=4,mbs=1,schedule=gpipe,pp=2"),
 ]
 STRUCTURE = ("tp", "pp", "cp", "ep", "expert_tp", "sequence_parallel", "zero_stage",
              "micro_batch_size", "schedule", "virtual_stages", "recompute", "tp_comm_overlap",

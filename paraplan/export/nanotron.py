@@ -43,8 +43,6 @@ def nanotron_config(ctx: ExportContext) -> dict[str, Any]:
         "tp_linear_async_communication": bool(p.tp_comm_overlap),
         "recompute_layer": p.recompute == "full",
     }
-    if p.cp > 1:
-        parallelism["context_parallel_size"] = p.cp
     model_config: dict[str, Any] = {
         "hidden_size": m.hidden_size,
         "intermediate_size": m.ffn_hidden_size,
@@ -67,7 +65,7 @@ def nanotron_config(ctx: ExportContext) -> dict[str, Any]:
 
 
 def _check(ctx: ExportContext) -> None:
-    m, t, p = ctx.model, ctx.training, ctx.plan
+    m, p = ctx.model, ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
     if p.zero_stage > 1:
         raise refuse("zero_stage", p.zero_stage, TRAINER, "nanotron shards optimizer states "
@@ -88,9 +86,10 @@ def _check(ctx: ExportContext) -> None:
     if m.is_moe:
         raise refuse("model.num_experts", m.num_experts, TRAINER, "the Llama model_config "
                      "written here has no experts; export MoE plans to megatron or torchtitan")
-    if p.cp > 1 and t.seq_len % p.cp:
-        raise refuse("cp", p.cp, TRAINER, f"sequence_length {t.seq_len} must be divisible "
-                     f"by cp")
+    if p.cp > 1:
+        raise refuse("cp", p.cp, TRAINER, "nanotron's Llama model has no context parallelism "
+                     "(context_parallel_size is read only by its Qwen2 attention, "
+                     "models/qwen.py); use cp=1 or export to megatron or torchtitan")
 
 
 def nanotron_yaml(ctx: ExportContext, header: list[str]) -> str:
