@@ -447,19 +447,21 @@ def test_fused_fp8_casts_write_both_layouts():
     assert Device.of(gpu, "bf16").fp8_cast_bytes == 0.0
 
 
-@pytest.mark.parametrize("copies,zero,per_param", [
-    ("per_param", 3, 2 * 2 * 2 + 2 + 4),  # two gathers copied out (r+w bf16), bf16 -> fp32 pack
-    ("per_param", 2, 1 * 2 * 2 + 2 + 4),  # reshard_after_forward=False: one gather
-    ("flat", 3, 2 + 4),                   # FSDP1: only the fp32 cast of the unsharded gradient
+@pytest.mark.parametrize("copies,zero,regather,per_param", [
+    ("per_param", 3, False, 2 * 2 * 2 + 2 + 4),  # two gathers copied out, bf16 -> fp32 pack
+    ("per_param", 2, True, 1 * 2 * 2 + 2 + 4),   # reshard_after_forward=False: one gather
+    ("per_param", 2, False, 2 + 4),              # gathered once per step: only the pack
+    ("flat", 3, False, 2 + 4),                   # FSDP1: the fp32 cast of the gradient
 ])
-def test_fsdp_copies_are_charged_every_micro_batch(copies, zero, per_param):
+def test_fsdp_copies_are_charged_every_micro_batch(copies, zero, regather, per_param):
     # Hand-worked: the step grows by m x (parameters on the rank) x bytes / memory bandwidth,
     # in simulate and in the vectorized search evaluator alike.
     from paraplan.simulator.compute import Device
     from paraplan.simulator.memory import params_per_stage
 
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
-    training = TrainingSpec(global_batch_size=64, seq_len=4096, grad_reduce_fp32=True)
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, grad_reduce_fp32=True,
+                            zero2_regather=regather)
     plan = parse_plan(f"tp=1,pp=1,dp=8,zero={zero},mbs=2")
     bare = simulate(model, cluster, training, plan)
     priced = simulate(model, cluster, training.model_copy(update={"fsdp_copies": copies}), plan)
@@ -470,12 +472,15 @@ def test_fsdp_copies_are_charged_every_micro_batch(copies, zero, per_param):
     want = m * (dense + experts) * per_param / dev.memory_Bps
     assert priced.step_time_s - bare.step_time_s == pytest.approx(want, rel=1e-9)
     assert priced.time_s["compute"] - bare.time_s["compute"] == pytest.approx(want, rel=1e-9)
-    # The searchers price it too: the same plan ranked by the vectorized evaluator.
+    # The vectorized evaluator the searchers rank with prices it the same way.
+    from paraplan.search.space import evaluate_space, parse_fix
+
     trained = training.model_copy(update={"fsdp_copies": copies})
-    res = search(model, cluster, trained, searcher="exhaustive", top=200,
-                 fix={"tp": 1, "pp": 1, "zero": zero, "mbs": 2})
-    same = [r for r in res.reports if r.extra["plan_short"] == priced.extra["plan_short"]]
-    assert same and same[0].step_time_s == pytest.approx(priced.step_time_s, rel=1e-6)
+    space = build_space(model, cluster, trained, fix=parse_fix({"tp": 1, "pp": 1, "zero": zero}))
+    ev = evaluate_space(space, times_for_oom=True)
+    i = next(k for k in range(len(space)) if space.plan(k).short() == plan.short())
+    assert ev.step_time_s[i] == pytest.approx(priced.step_time_s, rel=1e-9)
+    assert ev.time["compute"][i] == pytest.approx(priced.time_s["compute"], rel=1e-9)
 
 
 def test_trainer_profiles_name_their_fsdp():
@@ -485,16 +490,17 @@ def test_trainer_profiles_name_their_fsdp():
 
 
 def test_pytorch_ring_attention_merges_in_fp32():
-    # Hand count for cp=4, bf16, 1000 query and 500 K+V elements (simulator.compute docstring):
-    # forward 3 merges x (36 + 2 + 4) B per query element + 3 K/V packs x 4 B + a final cast
-    # (6 B); backward 4 steps x (14 B per query element, 22 B per K/V element) + 3 K/V
-    # packs x 4 B + zeroing and casting back (10 B per element).
+    # Hand count for cp=4, bf16, 1000 query and 500 K+V elements (copies.eager_ring_bytes):
+    # forward 3 merges x (0.75 x 38 + 4) B per query element + 3 K/V packs x 4 B + the first
+    # step's cast and the final one (6 B each); backward 4 steps x (0.75 x 10 + 4 B per query
+    # element, that + 8 per K/V element) + 3 K/V packs x 4 B + zeroing and casting back
+    # (10 B per element).
     from paraplan.simulator.copies import eager_ring_bytes
 
     fwd, bwd, kernels = eager_ring_bytes(4, 1000.0, 500.0, 2.0)
-    assert fwd == 3 * 42 * 1000 + 3 * 4 * 500 + 6 * 1000
-    assert bwd == 4 * (14 * 1000 + 22 * 500) + 3 * 4 * 500 + 10 * 1500
-    assert kernels == (25, 24)
+    assert fwd == 3 * 32.5 * 1000 + 3 * 4 * 500 + 2 * 6 * 1000
+    assert bwd == 4 * (11.5 * 1000 + 19.5 * 500) + 3 * 4 * 500 + 10 * 1500
+    assert kernels == (32, 32)
     # In a plan: torchtitan's ring (eager fp32 merges, fp32 dK/dV ring) costs more than
     # Transformer Engine's for the same cp=4 plan; without cp both are the same.
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")

@@ -397,7 +397,7 @@ def test_validate_memory_fake_predictor():
 
 def test_korthikanti_memory_rows_run_their_3_way_interleave():
     # Korthikanti's 175B and 530B runs interleave 3 ways (Table 3); the interleaved first
-    # stage holds 1 + (p - 1) / (p m) times the 1F1B activations (the paper's section 4.2.3),
+    # stage holds 1 + (p - 1) / (p v) times the 1F1B activations (v interleaved chunks),
     # which is what the published values show: the prediction must land within 3%.
     from paraplan.validate.predict import predict_memory
 

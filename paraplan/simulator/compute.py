@@ -298,9 +298,10 @@ def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     read the step's output, read and write the running output, 6 B per 16-bit element), and
     the backward adds each step's dQ into dQ and each step's dK/dV into the block's (the same
     6 B per element, on q and on k and v). Counted at 16-bit accumulators, the least traffic
-    an implementation can have (PyTorch's merger keeps fp32 ones); every step also launches
-    its own kernels (``KERNEL_OVERHEAD_S`` for the attention call, the merge and the receive
-    wait: three per step)."""
+    an implementation can have; every step also launches its own kernels
+    (``KERNEL_OVERHEAD_S`` for the attention call, the merge and the receive wait: three per
+    step). PyTorch's ``context_parallel`` (``training.cp_merge == "eager_fp32"``) merges in
+    eager fp32 ops instead: ``copies.eager_ring_bytes``."""
     steps = plan.cp - 1
     rows = plan.micro_batch_size * training.seq_len / plan.cp
     d = model.head_size

@@ -17,7 +17,9 @@ def fsdp_copy_bytes_per_param(training: TrainingSpec, zero_stage: int) -> float:
       compute dtype); ``foreach_reduce`` packs the gradients into the reduce-scatter input
       with ``torch._chunk_cat`` (read the compute dtype, write the reduce dtype). ZeRO-3
       gathers twice per micro-batch (forward, and again for backward after the forward
-      reshard); ZeRO-2 (``reshard_after_forward=False``) once.
+      reshard); ZeRO-2 (``reshard_after_forward=False``) once when it re-gathers for every
+      micro-batch (``training.zero2_regather``), else once per step, whose one copy-out is
+      not charged.
     - ``flat``, FSDP1 FlatParameter (torch/distributed/fsdp/_runtime_utils.py
       ``_reduce_grad``): the all-gather writes the flat parameter itself; the unsharded
       gradient is cast to the reduce dtype when that differs (``.to(reduce_dtype)``).
@@ -31,7 +33,7 @@ def fsdp_copy_bytes_per_param(training: TrainingSpec, zero_stage: int) -> float:
     cb, rb = float(training.compute_bytes), float(training.grad_reduce_bytes)
     if training.fsdp_copies == "flat":
         return cb + rb if rb != cb else 0.0
-    gathers = 2.0 if zero_stage == 3 else 1.0
+    gathers = 2.0 if zero_stage == 3 else float(training.zero2_regather)
     return gathers * 2.0 * cb + cb + rb
 
 
@@ -44,23 +46,31 @@ def eager_ring_bytes(cp: int, q_elems: float, kv_elems: float, cb: float
     load balancing on, as torchtitan runs it). ``q_elems`` / ``kv_elems``: elements of the
     rank's queries and of its keys plus values; ``cb``: bytes of the compute dtype.
 
-    Forward, each of the cp - 1 merges: cast the step's output to fp32 (read cb, write 4),
-    ``out - block_out`` (12 B), scale by the sigmoid of the LSE difference (8 B), subtract
-    from the running output (12 B): 36 + cb per query element, plus a full re-concatenation
-    of the fp32 output on the half of the steps that update only its second half
-    (``_partial_update``: 8 B); every step but the last packs K and V for the send
+    Load balancing makes about half of the steps after the first "partial": they touch
+    half of the queries (forward) or of the K/V (backward dK/dV; dQ on the other half) and
+    then re-concatenate the whole fp32 accumulator (``_partial_update``: read and write,
+    8 B per element). An op costing c B per element thus averages 0.75 c + 4 over the steps.
+
+    Forward: every step's output is cast to fp32 (read cb, write 4), the first one included;
+    each of the cp - 1 merges then computes ``out - block_out`` (12 B), scales it by the
+    sigmoid of the LSE difference (8 B) and subtracts it from the running output (12 B):
+    36 + cb per query element; every step but the last packs K and V for the send
     (``torch.cat``: 2 cb); the result is cast back once (4 + cb).
     Backward: fp32 accumulators zeroed (4 B per element of Q, K, V); at each of the cp
-    steps dQ and dK/dV are added into them (read 4 + cb, write 4), half the steps through a
-    re-concatenation (8 B), and dK/dV are packed for the fp32 dK/dV ring (8 B); K and V are
-    packed for their own ring (2 cb, cp - 1 times); the results are cast back once (4 + cb).
+    steps dQ and dK/dV are added into them (read 4 + cb, write 4), and dK/dV are packed for
+    the fp32 dK/dV ring (8 B); K and V are packed for their own ring (2 cb, cp - 1 times);
+    the results are cast back once (4 + cb).
+    Launches: per forward step after the first, the attention call and the receive wait (as
+    the fused path counts them) plus two casts, five elementwise ops and the K/V pack; the
+    first step's and the final cast; per backward step three accumulations and two packs,
+    per step after the first the attention call and the wait; three zero-fills and three
+    final casts.
     """
     steps = cp - 1
-    merge = 36.0 + cb + 0.5 * 8.0
-    fwd = steps * (merge * q_elems + 2.0 * cb * kv_elems) + (4.0 + cb) * q_elems
-    acc = 8.0 + cb + 0.5 * 8.0
+    merge = 0.75 * (36.0 + cb) + 4.0
+    fwd = (steps * (merge * q_elems + 2.0 * cb * kv_elems)
+           + 2.0 * (4.0 + cb) * q_elems)
+    acc = 0.75 * (8.0 + cb) + 4.0
     bwd = (cp * (acc * q_elems + (acc + 8.0) * kv_elems) + steps * 2.0 * cb * kv_elems
            + (4.0 + 4.0 + cb) * (q_elems + kv_elems))
-    # Launches: per forward merge two casts, five elementwise ops, the K/V pack; per
-    # backward step three accumulations, two packs.
-    return fwd, bwd, (8 * steps + 1, 5 * cp + 4)
+    return fwd, bwd, (10 * steps + 2, 5 * cp + 2 * steps + 6)

@@ -41,7 +41,7 @@ class LayerParts:
     """Exposed ring-attention KV passing of one forward."""
     ep_s: float
     """Dispatch + combine all-to-all of one pass (MoE layers)."""
-    cp_bwd_s: float = 0.0
+    cp_bwd_s: float
     """Exposed ring traffic of one backward: K/V again plus dK/dV (``cp_merge``: 16-bit for
     Transformer Engine, fp32 for PyTorch's ``context_parallel``)."""
 
@@ -99,7 +99,9 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         cp_c = max(0.0, ring_s - cover) + min(ring_s, cover) * device.nccl_slowdown
         # Backward: K/V travel again and dK/dV with them, at the accumulator's width (PyTorch
         # sends fp32 dK/dV: torch/distributed/tensor/experimental/_attention.py).
-        dkv = 4.0 / training.compute_bytes if training.cp_merge == "eager_fp32" else 1.0
+        # dK/dV go round cp times there (dkv_rotater sends at every step), K/V cp - 1 times.
+        dkv = (4.0 / training.compute_bytes * cp / (cp - 1)
+               if training.cp_merge == "eager_fp32" else 1.0)
         cp_b = (1.0 + dkv) * cp_c
     ep_c = 0.0
     if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies

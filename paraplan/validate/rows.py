@@ -239,7 +239,7 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
     if vpp is None and not vpp_text and s.source == "korthikanti2022":
         vpp = KORTHIKANTI_VPP.get(model.hidden_size)
         if vpp is not None:
-            s.guess(f"{vpp} virtual stages per rank from the Table 3 config of this model")
+            s.guess(f"{vpp}-way interleaving from the Table 3 config of this model")
     if vpp is None:
         if vpp_text:  # "interleaved; chunks not stated"
             vpp = 2

@@ -26,10 +26,11 @@ SC21_TABLE_1: dict[str, tuple[int, int, int, int, int, str]] = {
 KORTHIKANTI_GBS = {6144: 4, 12288: 64, 20480: 280, 25600: 512}
 # Korthikanti's configurations interleave the 175B and 530B pipelines 3 ways (calculon's
 # transcription of the paper's Table 3, 'pipeline_interleaving' in validation/seqsel/tab5,
-# as the throughput rows of the same runs carry), for memory rows that omit it. The paper's
-# eq. for the interleaved first stage, 1 + (p - 1) / (p m), is what their activation values
-# show: 1.29 (p 8) and 1.32 (p 35) times the 1F1B value.
-KORTHIKANTI_VPP = {6144: 1, 12288: 3, 20480: 3, 25600: 1}
+# as the throughput rows of the same runs carry), for rows that leave vpp empty (the memory
+# rows). The paper's interleaved first stage holds 1 + (p - 1) / (p v) times the 1F1B
+# activations (v = interleave count), which is what their activation values show: 1.29
+# (p 8) and 1.32 (p 35) times the 1F1B value.
+KORTHIKANTI_VPP = {12288: 3, 20480: 3}
 
 # Vocabulary where a source's row leaves it empty.
 DEFAULT_VOCAB = {

@@ -231,10 +231,12 @@ def solve_data(ctx: Ctx, ch: Choice, fix: dict[str, Any],
         found = exact_shares(line, count, M, dp)
         wall = time.perf_counter() - start
         if found is None:
-            return None, SolveRecord("data", ch.short(), "infeasible", None, None, None, wall)
+            return None, SolveRecord("data", ch.short(), "infeasible", None, None, None, wall,
+                                     solver="enumeration")
         obj = MS * found[0]
         return _verify(ctx, ch, line, found[1],
-                       SolveRecord("data", ch.short(), "optimal", obj, obj, 0.0, wall))
+                       SolveRecord("data", ch.short(), "optimal", obj, obj, 0.0, wall,
+                                   solver="enumeration"))
     reps = [(g, j) for g in line for j in range(count[g])]
     prob = pulp.LpProblem("data_hetero", pulp.LpMinimize)
     nv = [lp_var(prob, f"n_{i}", 0, M, "Integer") for i in range(len(reps))]

@@ -36,6 +36,8 @@ class SolveRecord:
     """(objective - bound) / objective; 0 when optimal, None without a solution."""
     time_s: float
     """Wall-clock seconds of the CBC subprocess (model write + solve + read back)."""
+    solver: str = "CBC"
+    """What solved it: ``CBC`` or ``enumeration`` (``data_ilp.exact_shares``)."""
 
 
 @dataclass(frozen=True)

@@ -287,7 +287,8 @@ def ilp_search_result(model: ModelSpec, cluster: ClusterSpec, training: Training
 
     res = ilp_search(model, cluster, training, fix=fix, time_limit_s=time_limit_s, top=top,
                      progress=progress, trainer=trainer)
-    solver = "CBC" if res.formulation == "pipeline" else "solved exactly by enumeration"
+    solver = {"CBC": "CBC", "enumeration": "solved exactly by enumeration"}[
+        res.candidates[0].solve.solver]
     notes = [f"ILP ({res.formulation} formulation, {solver}): {res.plans_evaluated} solves over "
              f"{res.choices} layouts, {res.pruned} pruned by a lower bound; best solve "
              f"{res.solver_status}, optimality gap {res.gap:.2%}"]

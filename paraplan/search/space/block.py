@@ -62,9 +62,9 @@ class Context:
     slow: float
     opt_coef: float
     fsdp_coef: np.ndarray
+    """Seconds per parameter per micro-batch of FSDP's copies, by ZeRO stage 0..3."""
     regather: bool
     """ZeRO-2 gathers the parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
-    """Seconds per parameter per micro-batch of FSDP's copies, by ZeRO stage 0..3."""
     overlap: bool
     interval: float
     capacity_bytes: float
