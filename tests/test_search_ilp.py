@@ -363,10 +363,9 @@ def test_pipeline_cluster_lays_stages_on_their_types_with_partial_nodes(mixed):
 def test_data_ilp_enumeration_matches_cbc():
     """exact_shares finds CBC's optimum of the data ILP (same T), on random lines."""
     import numpy as np
-    import pulp
 
-    from paraplan.search.ilp.cbc import MS, lp_var, solve_cbc
-    from paraplan.search.ilp.data_ilp import exact_shares
+    from paraplan.search.ilp.cbc import MS, solve_cbc
+    from paraplan.search.ilp.data_ilp import data_problem, exact_shares
 
     rng = np.random.default_rng(7)
     for trial in range(12):
@@ -376,24 +375,12 @@ def test_data_ilp_enumeration_matches_cbc():
         M = int(rng.integers(sum(count.values()), 40))
         dp = count[types[0]] if trial % 4 == 3 else None
         found = exact_shares(line, count, M, dp)
-        prob = pulp.LpProblem("d", pulp.LpMinimize)
-        reps = [(g, j) for g in types for j in range(count[g])]
-        nv = [lp_var(prob, f"n_{i}", 0, M, "Integer") for i in range(len(reps))]
-        av = {g: lp_var(prob, f"a_{g}", cat="Binary") for g in types}
-        t = lp_var(prob, "T", 0)
-        prob += t
-        prob += pulp.lpSum(nv) == M
-        if dp is not None:
-            prob += pulp.lpSum(count[g] * av[g] for g in types) == dp
-        for i, (g, _) in enumerate(reps):
-            prob += nv[i] <= M * av[g]
-            prob += nv[i] >= av[g]
-            prob += t >= MS * line[g][0] * nv[i] + MS * line[g][1] * av[g]
+        prob, shares_of = data_problem(line, count, M, dp)
         rec = solve_cbc(prob, 10.0, "data", "test")
         assert found is not None and rec.status == "optimal"
         level, shares = found
         assert MS * level == pytest.approx(rec.objective, rel=1e-6, abs=1e-6)
-        assert sum(sum(v) for v in shares.values()) == M
+        assert sum(sum(v) for v in shares.values()) == M == sum(map(sum, shares_of().values()))
         for g, ns in shares.items():
             assert len(ns) == count[g] and min(ns) >= 1 and max(ns) - min(ns) <= 1
             assert line[g][0] * max(ns) + line[g][1] <= level * (1 + 1e-9)

@@ -4,7 +4,7 @@ and per-stage layer limits from memory."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,8 +135,15 @@ def replica_bound(times: dict[str, tuple[np.ndarray, np.ndarray, int]], microbat
             done += cnt * max(0, k)
         return done >= microbatches
 
-    if not fits(float(levels[-1])):
-        return math.inf
+    least = least_level(levels, fits)
+    return math.inf if least is None else least
+
+
+def least_level(levels: np.ndarray, fits: Callable[[float], bool]) -> float | None:
+    """The least of the sorted ``levels`` (seconds) at which ``fits`` holds, by bisection
+    (``fits`` must stay true once true); None when even the largest does not fit."""
+    if not len(levels) or not fits(float(levels[-1])):
+        return None
     lo, hi = 0, len(levels) - 1
     while lo < hi:
         mid = (lo + hi) // 2

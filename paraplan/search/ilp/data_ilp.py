@@ -7,12 +7,13 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pulp
 
-from paraplan.search.ilp.bounds import replica_bound, replica_times
+from paraplan.search.ilp.bounds import least_level, replica_bound, replica_times
 from paraplan.search.ilp.cbc import MS, lp_var, solve_cbc
 from paraplan.search.ilp.clusters import assemble, take_gpus
 from paraplan.search.ilp.context import Choice, Ctx
@@ -176,16 +177,9 @@ def exact_shares(line: dict[str, tuple[float, float]], count: dict[str, int], M:
                                               zip(active, caps, strict=True)) >= M
 
             levels = np.unique(np.concatenate([line[g][0] * n + line[g][1] for g in active]))
-            if not fits(float(levels[-1])):
+            level = least_level(levels, fits)
+            if level is None:
                 continue
-            lo, hi = 0, len(levels) - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if fits(float(levels[mid])):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            level = float(levels[lo])
             if best is None or level < best[0] * (1 - 1e-12):
                 best = (level, active)
     if best is None:
@@ -237,10 +231,21 @@ def solve_data(ctx: Ctx, ch: Choice, fix: dict[str, Any],
         return _verify(ctx, ch, line, found[1],
                        SolveRecord("data", ch.short(), "optimal", obj, obj, 0.0, wall,
                                    solver="enumeration"))
+    prob, shares_of = data_problem(line, count, M, dp)
+    rec = solve_cbc(prob, time_limit_s, "data", ch.short())
+    if rec.objective is None:
+        return None, rec
+    return _verify(ctx, ch, line, shares_of(), rec)
+
+
+def data_problem(line: dict[str, tuple[float, float]], count: dict[str, int], M: int,
+                 dp: int | None) -> tuple[pulp.LpProblem, Callable[[], dict[str, list[int]]]]:
+    """The data ILP of :func:`solve_data` as a PuLP problem (milliseconds), and a function
+    that reads the micro-batches per replica of each active type from its solution."""
     reps = [(g, j) for g in line for j in range(count[g])]
     prob = pulp.LpProblem("data_hetero", pulp.LpMinimize)
     nv = [lp_var(prob, f"n_{i}", 0, M, "Integer") for i in range(len(reps))]
-    av = {g: lp_var(prob, f"a_{ctx.types[g].order}", cat="Binary") for g in line}
+    av = {g: lp_var(prob, f"a_{k}", cat="Binary") for k, g in enumerate(line)}
     big_t = lp_var(prob, "T", 0)
     prob += big_t
     prob += pulp.lpSum(nv) == M
@@ -253,15 +258,15 @@ def solve_data(ctx: Ctx, ch: Choice, fix: dict[str, Any],
         prob += big_t >= MS * alpha * nv[i] + MS * beta * av[g]
         if j:  # symmetry: replicas of one type in non-increasing order of micro-batches
             prob += nv[i] <= nv[i - 1]
-    rec = solve_cbc(prob, time_limit_s, "data", ch.short())
-    if rec.objective is None:
-        return None, rec
-    shares: dict[str, list[int]] = {}
-    for i, (g, _) in enumerate(reps):
-        n = int(round(nv[i].varValue or 0.0))
-        if n > 0:
-            shares.setdefault(g, []).append(n)
-    return _verify(ctx, ch, line, shares, rec)
+
+    def shares_of() -> dict[str, list[int]]:
+        shares: dict[str, list[int]] = {}
+        for i, (g, _) in enumerate(reps):
+            n = int(round(nv[i].varValue or 0.0))
+            if n > 0:
+                shares.setdefault(g, []).append(n)
+        return shares
+    return prob, shares_of
 
 
 def _verify(ctx: Ctx, ch: Choice, line: dict[str, tuple[float, float]],
