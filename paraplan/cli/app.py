@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from paraplan.cli import executor, export, profiles, search, simulate, validate
+from paraplan.cli import executor, export, fleet, profiles, search, simulate, validate
 from paraplan.cli.common import RunFailed
 from paraplan.specs import SpecError
 
@@ -36,6 +36,7 @@ COMMANDS = (
     ("simulate", simulate.simulate),
     ("best", search.best),
     ("pareto", search.pareto),
+    ("sweep", fleet.sweep_cmd),
     ("validate-dtfm", validate.validate_dtfm_cmd),
     ("validate-published", validate.validate_published_cmd),
     ("validate-recipes", validate.validate_recipes_cmd),
