@@ -110,12 +110,14 @@ def test_serial_sweep_stores_every_job_and_resumes_without_repeating(tmp_path):
 
 def test_cli_sweep_killed_half_way_resumes_to_the_uninterrupted_table(tmp_path):
     grid = tmp_path / "grid.yaml"
-    grid.write_text(json.dumps({**GRID, "global_batches": [64, 128, 256]}))
+    # 36 short jobs: the kill lands after 4 of them, well before the last.
+    grid.write_text(json.dumps({**GRID, "global_batches": [64, 128, 256],
+                                "seq_lens": [1024, 2048]}))
     whole = tmp_path / "whole.csv"
     proc = run("sweep", "--grid", str(grid), "--out", str(whole), "--backend", "serial",
                "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["ran"] == 18
+    assert json.loads(proc.stdout)["ran"] == 36
 
     cut = tmp_path / "cut.csv"
     args = [sys.executable, "-m", "paraplan", "sweep", "--grid", str(grid), "--out", str(cut),
@@ -129,12 +131,12 @@ def test_cli_sweep_killed_half_way_resumes_to_the_uninterrupted_table(tmp_path):
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     stored = len(list(parts.glob("*.json"))) - 1  # the grid manifest
-    assert 3 <= stored < 18, stored
+    assert 3 <= stored < 36, stored
     proc = run("sweep", "--grid", str(grid), "--out", str(cut), "--backend", "serial",
                "--resume", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["skipped"] == stored and summary["ran"] == 18 - stored
+    assert summary["skipped"] == stored and summary["ran"] == 36 - stored
     pd.testing.assert_frame_equal(_table(cut), _table(whole))
 
 

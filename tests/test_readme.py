@@ -22,7 +22,11 @@ def test_readme_has_yaml_examples():
 def test_readme_yaml_example_loads(block, tmp_path):
     path = tmp_path / "example.yaml"
     path.write_text(block)
-    if "node" in block:
+    if "global_batches" in block:  # a sweep grid
+        from paraplan.fleet import expand, load_grid
+
+        assert expand(load_grid(str(path)))
+    elif "node" in block:
         cluster = load_cluster(str(path))
         # A cluster from the README runs through the simulator.
         rep = simulate(load_model("llama3-8b"), cluster,
