@@ -177,3 +177,33 @@ def test_cli_sweep_plots_cost_against_time_and_scaling(tmp_path):
     for path in (plot, tmp_path / "sweep-scaling.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in proc.stderr and "jobs/s" in proc.stderr
+
+
+@pytest.mark.skipif(not ray_available(), reason="Ray is the fleet extra (paraplan[fleet])")
+def test_ray_driver_killed_half_way_resumes_to_the_serial_table(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(json.dumps({**GRID, "global_batches": [64, 128, 256],
+                                "seq_lens": [1024, 2048]}))
+    whole = tmp_path / "whole.csv"
+    proc = run("sweep", "--grid", str(grid), "--out", str(whole), "--backend", "serial",
+               "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    cut = tmp_path / "cut.csv"
+    args = [sys.executable, "-m", "paraplan", "sweep", "--grid", str(grid), "--out", str(cut),
+            "--backend", "ray", "--workers", "2", "--format", "json"]
+    killed = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    parts = tmp_path / "cut.csv.parts"
+    deadline = time.time() + 180
+    while time.time() < deadline and len(list(parts.glob("*.json"))) < 5:
+        time.sleep(0.02)
+    os.killpg(killed.pid, signal.SIGKILL)  # the driver and the Ray it started
+    killed.wait()
+    stored = len(list(parts.glob("*.json"))) - 1
+    assert 3 <= stored < 36, stored
+    proc = run("sweep", "--grid", str(grid), "--out", str(cut), "--backend", "ray",
+               "--workers", "2", "--resume", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["skipped"] == stored and summary["ran"] == 36 - stored
+    pd.testing.assert_frame_equal(_table(cut), _table(whole))
