@@ -43,7 +43,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             store = ResultStore(os.path.join(tmp, "r.csv"), jobs, resume=False)
             start = time.perf_counter()
-            summary = run_sweep(jobs, store, backend=backend, workers=args.workers)
+            summary = run_sweep(jobs, store, backend=backend,
+                                workers=args.workers if backend == "ray" else None)
             wall = time.perf_counter() - start
         results[backend] = wall
         print(f"{backend:6s} workers={summary.workers}: {wall:7.1f} s, "

@@ -70,7 +70,28 @@ def test_unknown_names_are_refused_before_the_sweep():
         check_names(parse_grid({**GRID, "models": ["gpt3-1.3b"]}))
     with pytest.raises(SpecError, match="grid.trainers"):
         check_names(parse_grid({**GRID, "trainers": ["megatron-9000"]}))
-    assert MAX_JOBS >= 500
+
+
+def test_repeated_grid_values_and_huge_tables_are_refused():
+    with pytest.raises(SpecError, match="grid.models lists 'gpt3-350m' twice"):
+        parse_grid({**GRID, "models": ["gpt3-350m", "gpt3-350m"]})
+    with pytest.raises(SpecError, match="grid.clusters lists 'dgx-h100' with nodes 1 twice"):
+        parse_grid({**GRID, "clusters": [{"cluster": "dgx-h100", "nodes": [1]},
+                                         {"cluster": "dgx-h100", "nodes": [2, 1]}]})
+    big = {**GRID, "global_batches": list(range(1, 401)), "seq_lens": list(range(1, 51))}
+    with pytest.raises(SpecError) as err:  # 2 x 3 x 400 x 50 = 120,000 jobs
+        parse_grid(big)
+    assert err.value.field == "grid" and str(MAX_JOBS) in str(err.value)
+
+
+def test_rows_are_plain_json_values():
+    import numpy as np
+
+    from paraplan.fleet.jobs import _plain
+
+    row = _plain({"a": np.float64("nan"), "b": np.int64(3), "c": float("inf"), "d": "x"})
+    assert row == {"a": None, "b": 3, "c": None, "d": "x"} and type(row["b"]) is int
+    json.dumps(run_job(expand(parse_grid(GRID))[0]), allow_nan=False)
 
 
 def test_a_job_is_its_best_search_and_a_bad_combination_is_a_row():
@@ -140,6 +161,27 @@ def test_cli_sweep_killed_half_way_resumes_to_the_uninterrupted_table(tmp_path):
     pd.testing.assert_frame_equal(_table(cut), _table(whole))
 
 
+def test_bad_options_are_refused_before_anything_is_written(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(json.dumps(GRID))
+    out = tmp_path / "r.csv"
+    for extra, field in ((["--workers", "0"], "--workers"),
+                         (["--backend", "magic"], "--backend"),
+                         (["--backend", "serial", "--workers", "2"], "--workers"),
+                         (["--plot", str(tmp_path / "p.txt")], "--plot"),
+                         (["--plot", str(tmp_path / "r.csv")], "--plot")):
+        proc = run("sweep", "--grid", str(grid), "--out", str(out), *extra)
+        assert proc.returncode == 2 and field in proc.stderr, (extra, proc.stderr)
+        assert not (tmp_path / "r.csv.parts").exists() and not out.exists()
+    (tmp_path / "r.csv.parts").write_text("not a folder")
+    proc = run("sweep", "--grid", str(grid), "--out", str(out), "--backend", "serial")
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr
+    (tmp_path / "r.csv.parts").unlink()
+    (tmp_path / "r.csv.parts").mkdir()  # left by a run killed before its first job
+    proc = run("sweep", "--grid", str(grid), "--out", str(out), "--backend", "serial")
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_cli_sweep_bad_input_is_one_line(tmp_path):
     grid = tmp_path / "grid.yaml"
     grid.write_text("models: [gpt3-350m]\nclusters: [{cluster: dgx-h100}]\n"
@@ -159,7 +201,8 @@ def test_ray_sweep_gives_the_serial_results(tmp_path):
     for backend in ("serial", "ray"):
         out = tmp_path / f"{backend}.parquet"
         store = ResultStore(out, jobs, resume=False)
-        summary = run_sweep(jobs, store, backend=backend, workers=2)
+        summary = run_sweep(jobs, store, backend=backend,
+                            workers=2 if backend == "ray" else None)
         assert summary.backend == backend and summary.ran == len(jobs)
         store.write_table(COLUMNS, INT_COLUMNS)
         tables.append(pd.read_parquet(out).sort_values(["job_id", "rank"])

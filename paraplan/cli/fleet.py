@@ -4,7 +4,8 @@ sequences x trainers x precisions) run serially or on Ray, resumable, written as
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +19,9 @@ from rich.progress import (
 )
 
 from paraplan.cli.common import Format, FormatOpt, emit_json
+
+if TYPE_CHECKING:
+    from paraplan.fleet import ResultStore
 
 
 def sweep_cmd(
@@ -50,12 +54,12 @@ def sweep_cmd(
     Example: paraplan sweep --grid grid.yaml --out results.parquet
     """
     from paraplan.fleet import COLUMNS, INT_COLUMNS, ResultStore, expand, load_grid, run_sweep
+    from paraplan.fleet.runner import check_options
 
     jobs = expand(load_grid(grid))
+    check_options(backend, ray_address, workers)  # before anything is written
     if plot is not None:
-        from paraplan.export.files import check_target
-
-        check_target(plot, "--plot")
+        _plot_paths(plot, out)
     store = ResultStore(out, jobs, resume=resume)
     err = Console(stderr=True)
     if fmt is Format.json:
@@ -81,7 +85,7 @@ def sweep_cmd(
                                 workers=workers, progress=progress)
     written = store.write_table(COLUMNS, INT_COLUMNS)
     if plot is not None:
-        written += _plots(store, plot)
+        written += _plots(store, plot, out)
     if fmt is Format.json:
         emit_json({**asdict(summary), "outputs": [str(p) for p in written]})
         return
@@ -92,19 +96,35 @@ def sweep_cmd(
         err.print(f"wrote {path}")
 
 
-def _plots(store, plot: str) -> list:
-    """The sweep's two figures (``viz.sweep``), from the table just written."""
-    from pathlib import Path
+def _plot_paths(plot: str, out: str) -> tuple[Path, Path]:
+    """The two figure paths of ``--plot``, checked before the sweep runs."""
+    from paraplan.export.files import check_target
+    from paraplan.specs import SpecError
 
+    first = Path(plot)
+    if first.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise SpecError(f"--plot {plot!r} must end in .png, .svg or .pdf", field="--plot",
+                        value=plot)
+    second = first.with_name(f"{first.stem}-scaling{first.suffix}")
+    tables = {Path(out).resolve(), Path(out).with_suffix(".csv").resolve()}
+    for path in (first, second):
+        check_target(path, "--plot")
+        if path.resolve() in tables:
+            raise SpecError(f"--plot {str(path)!r} would overwrite the results table",
+                            field="--plot", value=plot)
+    return first, second
+
+
+def _plots(store: ResultStore, plot: str, out: str) -> list[Path]:
+    """The sweep's two figures (``viz.sweep``), from the rows just written."""
     import pandas as pd
 
     from paraplan.fleet import COLUMNS
     from paraplan.viz.sweep import cost_time_figure, scaling_figure
     from paraplan.viz.timeline import save_figure
 
+    first, second = _plot_paths(plot, out)
     frame = pd.DataFrame(store.rows(), columns=list(COLUMNS))
-    first = Path(plot)
-    second = first.with_name(f"{first.stem}-scaling{first.suffix or '.png'}")
     return [save_figure(cost_time_figure(frame), first),
             save_figure(scaling_figure(frame), second)]
 

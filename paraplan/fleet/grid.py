@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -18,6 +19,8 @@ from paraplan.specs.safe_io import parse_yaml, read_user_text
 
 MAX_JOBS = 100_000
 """Most jobs one grid may expand to (each is a full search; more is a typo, not a plan)."""
+MAX_ROWS = 1_000_000
+"""Most rows (jobs x top) one sweep's table may hold (the table is built in memory)."""
 
 
 class ClusterAxis(StrictModel):
@@ -73,10 +76,25 @@ def parse_grid(data: Any, source: str = "grid") -> Grid:
             raise SpecError(f"grid.clusters.nodes has {bad[0]} for {axis.cluster!r}; node "
                             "counts must be in 1..1000000", field="grid.clusters.nodes",
                             value=bad[0])
+    for name in ("models", "global_batches", "seq_lens", "trainers", "precisions"):
+        values = getattr(grid, name)
+        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if twice is not None or len(set(values)) < len(values):
+            raise SpecError(f"grid.{name} lists {twice!r} twice; each value once",
+                            field=f"grid.{name}", value=twice)
+    pairs = [(a.cluster, n) for a in grid.clusters for n in a.nodes]
+    if len(set(pairs)) < len(pairs):
+        twice = next(p for i, p in enumerate(pairs) if p in pairs[:i])
+        raise SpecError(f"grid.clusters lists {twice[0]!r} with nodes {twice[1]} twice; each "
+                        "cluster size once", field="grid.clusters", value=twice[0])
     count = count_jobs(grid)
     if count > MAX_JOBS:
         raise SpecError(f"the grid expands to {count} jobs; at most {MAX_JOBS} are allowed "
                         "(split it into several sweeps)", field="grid", value=count)
+    if count * grid.top > MAX_ROWS:
+        raise SpecError(f"the grid makes up to {count * grid.top} rows ({count} jobs x top "
+                        f"{grid.top}); at most {MAX_ROWS} (lower top or split the grid)",
+                        field="grid.top", value=grid.top)
     return grid
 
 
@@ -131,6 +149,12 @@ def expand(grid: Grid) -> list[dict[str, Any]]:
 
 
 def job_id(job: dict[str, Any]) -> str:
-    """A stable id of a job's inputs (the same job in any grid, on any machine)."""
+    """A stable id of a job's inputs (the same job in any grid, on any machine). A model,
+    cluster or trainer given as a file counts with its contents, so editing the file
+    between a sweep and its ``--resume`` makes new jobs instead of mixing results."""
     inputs = {k: v for k, v in job.items() if k != "job_id"}
+    for key in ("model", "cluster", "trainer"):
+        path = Path(str(inputs.get(key)))
+        if inputs.get(key) and path.is_file():
+            inputs[key + "_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]

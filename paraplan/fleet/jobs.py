@@ -27,21 +27,32 @@ INT_COLUMNS = ("nodes", "global_batch", "seq_len", "top", "rank", "num_gpus", "t
 
 
 def run_job(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of one job (``grid.expand``'s dicts). Never raises for a bad combination:
-    the row's ``status`` is ``failed`` and ``reason`` says why in one line."""
-    base = {k: job.get(k) for k in INPUT_COLUMNS}
+    """The rows of one job (``grid.expand``'s dicts): plain JSON values, no NaN or infinity.
+    Never raises for a bad combination: the row's ``status`` is ``failed`` and ``reason``
+    says why in one line."""
     try:
-        return _search_rows(job, base)
+        return [_plain(row) for row in _search_rows(job, {k: job.get(k) for k in INPUT_COLUMNS})]
     except SpecError as exc:
-        return [_failed(base, str(exc))]
+        return failed_rows(job, str(exc))
     except Exception as exc:  # noqa: BLE001 - one broken job must not stop a sweep
-        return [_failed(base, f"internal error ({type(exc).__name__}): {exc}")]
+        return failed_rows(job, f"internal error ({type(exc).__name__}): {exc}")
 
 
-def _failed(base: dict[str, Any], reason: str) -> dict[str, Any]:
-    row = {**base, **dict.fromkeys(RESULT_COLUMNS)}
+def failed_rows(job: dict[str, Any], reason: str) -> list[dict[str, Any]]:
+    """The one row of a job that produced no plan (``reason``: its first line)."""
+    row = {**{k: job.get(k) for k in INPUT_COLUMNS}, **dict.fromkeys(RESULT_COLUMNS)}
     row.update(status="failed", reason=reason.splitlines()[0] if reason else "failed")
-    return row
+    return [row]
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """Python scalars only (numpy's become theirs), non-finite numbers as None."""
+    out = {}
+    for k, v in row.items():
+        if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+            v = v.item()
+        out[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+    return out
 
 
 def _search_rows(job: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -76,6 +87,5 @@ def _search_rows(job: dict[str, Any], base: dict[str, Any]) -> list[dict[str, An
             days = tokens / tps / 86400.0
             row["time_to_train_days"] = days
             row["cost_to_train_usd"] = None if usd_h is None else usd_h * days * 24.0
-        rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                     for k, v in row.items()})
+        rows.append(row)
     return rows

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from paraplan.fleet.jobs import run_job
+from paraplan.fleet.jobs import failed_rows, run_job
 from paraplan.fleet.store import ResultStore
 from paraplan.specs.errors import SpecError
 
@@ -44,13 +44,12 @@ def ray_available() -> bool:
     return True
 
 
-def run_sweep(jobs: list[dict[str, Any]], store: ResultStore, *, backend: str = "auto",
-              ray_address: str | None = None, workers: int | None = None,
-              progress: Progress | None = None) -> SweepSummary:
-    """Run every job the store does not hold yet and store each as it finishes.
+def check_options(backend: str, ray_address: str | None, workers: int | None) -> str:
+    """The backend a sweep will use (``auto`` resolved), checked before anything is written.
 
     Raises:
-        SpecError: an unknown backend, or ``ray`` without Ray installed.
+        SpecError: an unknown backend, ``ray`` without Ray installed, ``--ray-address`` or
+            ``--workers`` with the serial backend, or workers out of range.
     """
     if backend not in BACKENDS:
         raise SpecError(f"--backend {backend!r} is not one of {', '.join(BACKENDS)}",
@@ -60,9 +59,28 @@ def run_sweep(jobs: list[dict[str, Any]], store: ResultStore, *, backend: str = 
     if backend == "ray" and not ray_available():
         raise SpecError("the ray backend needs Ray: pip install 'paraplan[fleet]'",
                         field="--backend", value=backend)
+    if backend == "serial" and (ray_address or workers is not None):
+        field = "--ray-address" if ray_address else "--workers"
+        raise SpecError(f"{field} applies to the ray backend, not serial", field=field,
+                        value=ray_address or workers)
     if workers is not None and not 1 <= workers <= 100_000:
         raise SpecError(f"--workers {workers} must be in 1..100000", field="--workers",
                         value=workers)
+    if ray_address is not None and workers is not None:
+        raise SpecError("--workers sizes the Ray started here; with --ray-address the cluster "
+                        "has its own", field="--workers", value=workers)
+    return backend
+
+
+def run_sweep(jobs: list[dict[str, Any]], store: ResultStore, *, backend: str = "auto",
+              ray_address: str | None = None, workers: int | None = None,
+              progress: Progress | None = None) -> SweepSummary:
+    """Run every job the store does not hold yet and store each as it finishes.
+
+    Raises:
+        SpecError: bad options (:func:`check_options`), or a Ray cluster that cannot be joined.
+    """
+    backend = check_options(backend, ray_address, workers)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         (os.cpu_count() or 1)
     workers = workers or (cores if backend == "ray" else 1)
@@ -84,7 +102,7 @@ def run_sweep(jobs: list[dict[str, Any]], store: ResultStore, *, backend: str = 
         for k, job in enumerate(todo, start=1):
             finished(job["job_id"], run_job(job), k)
     elif todo:  # nothing left to run: no Ray to start
-        _run_on_ray(todo, finished, ray_address, workers)
+        workers = _run_on_ray(todo, finished, ray_address, workers)
     wall = time.perf_counter() - start
     return SweepSummary(jobs=len(jobs), ran=len(todo), skipped=len(jobs) - len(todo),
                         failed=failed, backend=backend, workers=workers, wall_s=wall,
@@ -93,23 +111,32 @@ def run_sweep(jobs: list[dict[str, Any]], store: ResultStore, *, backend: str = 
 
 def _run_on_ray(todo: list[dict[str, Any]],
                 finished: Callable[[str, list[dict[str, Any]], int], None],
-                address: str | None, workers: int) -> None:
+                address: str | None, workers: int) -> int:
+    """Run ``todo`` on Ray; returns the worker CPUs used. A job whose worker dies is stored
+    as a failed row (Ray's error, one line), so a resume does not retry it forever."""
     import logging
 
     import ray
+    from ray.exceptions import RayError
 
     started = not ray.is_initialized()
     if started:
         if address:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError, RayError) as exc:
+                raise SpecError(f"--ray-address {address!r}: cannot join that Ray cluster "
+                                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+                                field="--ray-address", value=address) from None
         else:  # in-process on this machine: no dashboard, no cluster to join
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING)
     try:
+        cpus = max(1, int(ray.cluster_resources().get("CPU", workers)))
         remote = ray.remote(num_cpus=1)(run_job)
         # A bounded window of jobs in flight keeps the driver's memory flat on big grids.
-        window = max(2, 2 * workers)
-        pending: dict[Any, str] = {}
+        window = max(2, 2 * cpus)
+        pending: dict[Any, dict[str, Any]] = {}
         queue = iter(todo)
         count = 0
         while True:
@@ -117,13 +144,19 @@ def _run_on_ray(todo: list[dict[str, Any]],
                 job = next(queue, None)
                 if job is None:
                     break
-                pending[remote.remote(job)] = job["job_id"]
+                pending[remote.remote(job)] = job
             if not pending:
                 break
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
                 count += 1
-                finished(pending.pop(ref), ray.get(ref), count)
+                job = pending.pop(ref)
+                try:
+                    rows = ray.get(ref)
+                except RayError as exc:
+                    rows = failed_rows(job, f"Ray worker error ({type(exc).__name__}): {exc}")
+                finished(job["job_id"], rows, count)
+        return cpus
     finally:
         if started:
             ray.shutdown()

@@ -34,27 +34,37 @@ class ResultStore:
     """The parts folder of one sweep: ``open`` it for a grid, ``add`` each job's rows."""
 
     def __init__(self, out: str | Path, jobs: list[dict[str, Any]], *, resume: bool) -> None:
+        from paraplan.export.files import check_target
+
         self.out = Path(out)
         if self.out.suffix.lower() not in (".parquet", ".csv"):
             raise SpecError(f"--out {str(out)!r} must end in .parquet or .csv", field="--out",
                             value=str(out))
-        if not self.out.parent.is_dir():
-            raise SpecError(f"--out {str(out)!r}: folder {str(self.out.parent)!r} does not "
-                            "exist", field="--out", value=str(out))
+        if self.out.suffix.lower() == ".parquet":
+            try:
+                import pyarrow  # noqa: F401
+            except ImportError:
+                raise SpecError("--out .parquet needs pyarrow: pip install 'paraplan[fleet]', "
+                                "or write .csv", field="--out", value=str(out)) from None
+        for target in (self.out, self.out.with_suffix(".csv")):
+            check_target(target, "--out")  # a regular file (or none yet) in a real folder
         self.parts = self.out.with_name(self.out.name + ".parts")
         self.order = {job["job_id"]: i for i, job in enumerate(jobs)}
         manifest = json.dumps(sorted(self.order)).encode()
-        if self.parts.exists():
+        if self.parts.is_symlink() or (self.parts.exists() and not self.parts.is_dir()):
+            raise SpecError(f"{str(self.parts)!r} (where --out keeps finished jobs) is not a "
+                            "folder; remove it", field="--out", value=str(out))
+        old = self.parts / MANIFEST
+        if self.parts.is_dir() and (old.exists() or any(self.parts.glob("*.json"))):
             if not resume:
                 raise SpecError(f"{str(self.parts)!r} holds an earlier sweep: add --resume to "
                                 "finish it, or remove it", field="--resume", value=False)
-            old = self.parts / MANIFEST
             if not old.is_file() or old.read_bytes() != manifest:
                 raise SpecError(f"{str(self.parts)!r} belongs to another grid; --resume needs "
                                 "the grid that started it", field="--grid",
                                 value=str(self.parts))
-        else:
-            self.parts.mkdir()
+        else:  # new, or created by a run killed before it stored anything
+            self.parts.mkdir(exist_ok=True)
             _write_atomic(self.parts / MANIFEST, manifest)
 
     def done(self) -> set[str]:
@@ -64,7 +74,7 @@ class ResultStore:
 
     def add(self, job_id: str, rows: list[dict[str, Any]]) -> None:
         """Store one finished job's rows (atomically: all of them or none)."""
-        _write_atomic(self.parts / f"{job_id}.json", json.dumps(rows).encode())
+        _write_atomic(self.parts / f"{job_id}.json", json.dumps(rows, allow_nan=False).encode())
 
     def rows(self) -> list[dict[str, Any]]:
         """Every stored row, in grid order, then rank."""
@@ -77,29 +87,19 @@ class ResultStore:
                     int_columns: tuple[str, ...] = ()) -> list[Path]:
         """Write the table: ``out`` (.parquet needs pyarrow) and a CSV beside it. Returns the
         paths written."""
+        import io
+
         import pandas as pd
+
+        from paraplan.export.files import write_atomic
 
         frame = pd.DataFrame(self.rows(), columns=list(columns))
         for col in int_columns:
             frame[col] = frame[col].astype("Int64")
-        written = []
         csv_path = self.out.with_suffix(".csv")
-        _write_atomic(csv_path, frame.to_csv(index=False).encode())
-        written.append(csv_path)
+        written = [write_atomic(csv_path, frame.to_csv(index=False), field="--out")]
         if self.out.suffix.lower() == ".parquet":
-            try:
-                import pyarrow  # noqa: F401
-            except ImportError:
-                raise SpecError("--out .parquet needs pyarrow: pip install 'paraplan[fleet]' "
-                                f"(the CSV {str(csv_path)!r} is written)", field="--out",
-                                value=str(self.out)) from None
-            fd, tmp = tempfile.mkstemp(dir=self.out.parent, suffix=".parquet.tmp")
-            os.close(fd)
-            try:
-                frame.to_parquet(tmp, index=False)
-                os.replace(tmp, self.out)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            written.append(self.out)
+            buf = io.BytesIO()
+            frame.to_parquet(buf, index=False)
+            written.append(write_atomic(self.out, buf.getvalue(), field="--out"))
         return written
