@@ -129,9 +129,11 @@ def test_serial_sweep_stores_every_job_and_resumes_without_repeating(tmp_path):
     assert frame.groupby("job_id").size().eq(2).all()  # nothing lost, nothing twice
 
 
-def test_cli_sweep_killed_half_way_resumes_to_the_uninterrupted_table(tmp_path):
+def _kill_and_resume(tmp_path: Path, backend: list[str], min_parts: int) -> None:
+    """Run a 36-job sweep, SIGKILL its driver (and what it started) once ``min_parts`` jobs
+    are stored, resume it, and compare with an uninterrupted serial run."""
     grid = tmp_path / "grid.yaml"
-    # 36 short jobs: the kill lands after 4 of them, well before the last.
+    # 36 short jobs: the kill lands after a few of them, well before the last.
     grid.write_text(json.dumps({**GRID, "global_batches": [64, 128, 256],
                                 "seq_lens": [1024, 2048]}))
     whole = tmp_path / "whole.csv"
@@ -139,26 +141,34 @@ def test_cli_sweep_killed_half_way_resumes_to_the_uninterrupted_table(tmp_path):
                "--format", "json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ran"] == 36
-
     cut = tmp_path / "cut.csv"
     args = [sys.executable, "-m", "paraplan", "sweep", "--grid", str(grid), "--out", str(cut),
-            "--backend", "serial", "--format", "json"]
+            *backend, "--format", "json"]
     killed = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     parts = tmp_path / "cut.csv.parts"
-    deadline = time.time() + 120
-    while time.time() < deadline and len(list(parts.glob("*.json"))) < 4:
-        time.sleep(0.05)
-    os.killpg(killed.pid, signal.SIGKILL)
+    deadline = time.time() + 180
+    while time.time() < deadline and len(list(parts.glob("*.json"))) < min_parts:
+        time.sleep(0.02)
+    os.killpg(killed.pid, signal.SIGKILL)  # the driver and anything it started
     killed.wait()
     stored = len(list(parts.glob("*.json"))) - 1  # the grid manifest
     assert 3 <= stored < 36, stored
-    proc = run("sweep", "--grid", str(grid), "--out", str(cut), "--backend", "serial",
-               "--resume", "--format", "json")
+    proc = run("sweep", "--grid", str(grid), "--out", str(cut), *backend, "--resume",
+               "--format", "json")
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["skipped"] == stored and summary["ran"] == 36 - stored
-    pd.testing.assert_frame_equal(_table(cut), _table(whole))
+    pd.testing.assert_frame_equal(_table(cut), _table(whole))  # nothing lost or repeated
+
+
+def test_cli_sweep_killed_half_way_resumes_to_the_uninterrupted_table(tmp_path):
+    _kill_and_resume(tmp_path, ["--backend", "serial"], 4)
+
+
+@pytest.mark.skipif(not ray_available(), reason="Ray is the fleet extra (paraplan[fleet])")
+def test_ray_driver_killed_half_way_resumes_to_the_serial_table(tmp_path):
+    _kill_and_resume(tmp_path, ["--backend", "ray", "--workers", "2"], 5)
 
 
 def test_bad_options_are_refused_before_anything_is_written(tmp_path):
@@ -220,33 +230,3 @@ def test_cli_sweep_plots_cost_against_time_and_scaling(tmp_path):
     for path in (plot, tmp_path / "sweep-scaling.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in proc.stderr and "jobs/s" in proc.stderr
-
-
-@pytest.mark.skipif(not ray_available(), reason="Ray is the fleet extra (paraplan[fleet])")
-def test_ray_driver_killed_half_way_resumes_to_the_serial_table(tmp_path):
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(json.dumps({**GRID, "global_batches": [64, 128, 256],
-                                "seq_lens": [1024, 2048]}))
-    whole = tmp_path / "whole.csv"
-    proc = run("sweep", "--grid", str(grid), "--out", str(whole), "--backend", "serial",
-               "--format", "json")
-    assert proc.returncode == 0, proc.stderr
-    cut = tmp_path / "cut.csv"
-    args = [sys.executable, "-m", "paraplan", "sweep", "--grid", str(grid), "--out", str(cut),
-            "--backend", "ray", "--workers", "2", "--format", "json"]
-    killed = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    parts = tmp_path / "cut.csv.parts"
-    deadline = time.time() + 180
-    while time.time() < deadline and len(list(parts.glob("*.json"))) < 5:
-        time.sleep(0.02)
-    os.killpg(killed.pid, signal.SIGKILL)  # the driver and the Ray it started
-    killed.wait()
-    stored = len(list(parts.glob("*.json"))) - 1
-    assert 3 <= stored < 36, stored
-    proc = run("sweep", "--grid", str(grid), "--out", str(cut), "--backend", "ray",
-               "--workers", "2", "--resume", "--format", "json")
-    assert proc.returncode == 0, proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["skipped"] == stored and summary["ran"] == 36 - stored
-    pd.testing.assert_frame_equal(_table(cut), _table(whole))
