@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,9 +19,6 @@ from rich.progress import (
 )
 
 from paraplan.cli.common import Format, FormatOpt, emit_json
-
-if TYPE_CHECKING:
-    from paraplan.fleet import ResultStore
 
 
 def sweep_cmd(
@@ -58,8 +55,7 @@ def sweep_cmd(
 
     jobs = expand(load_grid(grid))
     check_options(backend, ray_address, workers)  # before anything is written
-    if plot is not None:
-        _plot_paths(plot, out)
+    figures = None if plot is None else _plot_paths(plot, out)
     store = ResultStore(out, jobs, resume=resume)
     err = Console(stderr=True)
     if fmt is Format.json:
@@ -83,9 +79,10 @@ def sweep_cmd(
 
             summary = run_sweep(jobs, store, backend=backend, ray_address=ray_address,
                                 workers=workers, progress=progress)
-    written = store.write_table(COLUMNS, INT_COLUMNS)
-    if plot is not None:
-        written += _plots(store, plot, out)
+    frame = store.table(COLUMNS, INT_COLUMNS)
+    written = store.write_frame(frame)
+    if figures is not None:
+        written += _plots(frame, figures)
     if fmt is Format.json:
         emit_json({**asdict(summary), "outputs": [str(p) for p in written]})
         return
@@ -100,11 +97,9 @@ def _plot_paths(plot: str, out: str) -> tuple[Path, Path]:
     """The two figure paths of ``--plot``, checked before the sweep runs."""
     from paraplan.export.files import check_target
     from paraplan.specs import SpecError
+    from paraplan.viz.timeline import check_figure_path
 
-    first = Path(plot)
-    if first.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise SpecError(f"--plot {plot!r} must end in .png, .svg or .pdf", field="--plot",
-                        value=plot)
+    first = check_figure_path(plot, "--plot")
     second = first.with_name(f"{first.stem}-scaling{first.suffix}")
     tables = {Path(out).resolve(), Path(out).with_suffix(".csv").resolve()}
     for path in (first, second):
@@ -115,16 +110,12 @@ def _plot_paths(plot: str, out: str) -> tuple[Path, Path]:
     return first, second
 
 
-def _plots(store: ResultStore, plot: str, out: str) -> list[Path]:
-    """The sweep's two figures (``viz.sweep``), from the rows just written."""
-    import pandas as pd
-
-    from paraplan.fleet import COLUMNS
+def _plots(frame: Any, figures: tuple[Path, Path]) -> list[Path]:
+    """The sweep's two figures (``viz.sweep``) of the table just written, at ``figures``."""
     from paraplan.viz.sweep import cost_time_figure, scaling_figure
     from paraplan.viz.timeline import save_figure
 
-    first, second = _plot_paths(plot, out)
-    frame = pd.DataFrame(store.rows(), columns=list(COLUMNS))
+    first, second = figures
     return [save_figure(cost_time_figure(frame), first),
             save_figure(scaling_figure(frame), second)]
 

@@ -77,14 +77,12 @@ def parse_grid(data: Any, source: str = "grid") -> Grid:
                             "counts must be in 1..1000000", field="grid.clusters.nodes",
                             value=bad[0])
     for name in ("models", "global_batches", "seq_lens", "trainers", "precisions"):
-        values = getattr(grid, name)
-        twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
-        if twice is not None or len(set(values)) < len(values):
+        found, twice = _first_repeat(getattr(grid, name))
+        if found:
             raise SpecError(f"grid.{name} lists {twice!r} twice; each value once",
                             field=f"grid.{name}", value=twice)
-    pairs = [(a.cluster, n) for a in grid.clusters for n in a.nodes]
-    if len(set(pairs)) < len(pairs):
-        twice = next(p for i, p in enumerate(pairs) if p in pairs[:i])
+    found, twice = _first_repeat([(a.cluster, n) for a in grid.clusters for n in a.nodes])
+    if found:
         raise SpecError(f"grid.clusters lists {twice[0]!r} with nodes {twice[1]} twice; each "
                         "cluster size once", field="grid.clusters", value=twice[0])
     count = count_jobs(grid)
@@ -96,6 +94,14 @@ def parse_grid(data: Any, source: str = "grid") -> Grid:
                         f"{grid.top}); at most {MAX_ROWS} (lower top or split the grid)",
                         field="grid.top", value=grid.top)
     return grid
+
+
+def _first_repeat(values: list[Any]) -> tuple[bool, Any]:
+    """(True, the first value listed twice in ``values``), or (False, None)."""
+    for i, v in enumerate(values):
+        if v in values[:i]:
+            return True, v
+    return False, None
 
 
 def load_grid(path: str) -> Grid:

@@ -83,19 +83,27 @@ class ResultStore:
             out += json.loads((self.parts / f"{job_id}.json").read_text())
         return out
 
-    def write_table(self, columns: tuple[str, ...],
-                    int_columns: tuple[str, ...] = ()) -> list[Path]:
-        """Write the table: ``out`` (.parquet needs pyarrow) and a CSV beside it. Returns the
-        paths written."""
-        import io
-
+    def table(self, columns: tuple[str, ...], int_columns: tuple[str, ...] = ()) -> Any:
+        """Every stored row as a pandas DataFrame (``int_columns`` as nullable integers)."""
         import pandas as pd
-
-        from paraplan.export.files import write_atomic
 
         frame = pd.DataFrame(self.rows(), columns=list(columns))
         for col in int_columns:
             frame[col] = frame[col].astype("Int64")
+        return frame
+
+    def write_table(self, columns: tuple[str, ...],
+                    int_columns: tuple[str, ...] = ()) -> list[Path]:
+        """Write the table: ``out`` (.parquet needs pyarrow) and a CSV beside it. Returns the
+        paths written."""
+        return self.write_frame(self.table(columns, int_columns))
+
+    def write_frame(self, frame: Any) -> list[Path]:
+        """Write ``frame`` (:meth:`table`) as ``out`` and the CSV beside it; the paths."""
+        import io
+
+        from paraplan.export.files import write_atomic
+
         csv_path = self.out.with_suffix(".csv")
         written = [write_atomic(csv_path, frame.to_csv(index=False), field="--out")]
         if self.out.suffix.lower() == ".parquet":

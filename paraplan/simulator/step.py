@@ -370,6 +370,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              "plan_short": plan.short(), "pp_p2p_s": t_p2p}
     if uses_knobs(plan):
         extra["communication_savings"] = savings(model, training, plan)
+    oom_reasons: list[str] = []
     if memory["peak"] > capacity:
         over = memory["peak"] - capacity
         reason = (f"out of memory by {over:.1f} GiB on stage {worst} (needs "
@@ -380,7 +381,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   "a smaller micro_batch_size or more tp/pp")
         if not time_if_oom:
             return infeasible(plan, [reason], extra, memory, per_stage)
-    oom_reasons = [reason] if memory["peak"] > capacity else []
+        oom_reasons.append(reason)
 
     n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
     h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,

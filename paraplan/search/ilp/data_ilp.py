@@ -164,6 +164,11 @@ def exact_shares(line: dict[str, tuple[float, float]], count: dict[str, int], M:
     types = list(line)
     best: tuple[float, tuple[str, ...]] | None = None
     n = np.arange(1, M + 1, dtype=float)
+
+    def cap(g: str, level: float) -> int:
+        """Most micro-batches a replica of type g finishes by ``level`` seconds (<= M)."""
+        return min(M, math.floor((level - line[g][1]) / line[g][0] * (1 + 1e-12) + 1e-9))
+
     for size in range(1, len(types) + 1):
         for active in itertools.combinations(types, size):
             reps = sum(count[g] for g in active)
@@ -171,8 +176,7 @@ def exact_shares(line: dict[str, tuple[float, float]], count: dict[str, int], M:
                 continue
 
             def fits(level: float, active: tuple[str, ...] = active) -> bool:
-                caps = [min(M, math.floor((level - line[g][1]) / line[g][0] * (1 + 1e-12)
-                                          + 1e-9)) for g in active]
+                caps = [cap(g, level) for g in active]
                 return min(caps) >= 1 and sum(count[g] * c for g, c in
                                               zip(active, caps, strict=True)) >= M
 
@@ -185,8 +189,7 @@ def exact_shares(line: dict[str, tuple[float, float]], count: dict[str, int], M:
     if best is None:
         return None
     level, active = best
-    shares = {g: [min(M, math.floor((level - line[g][1]) / line[g][0] * (1 + 1e-12) + 1e-9))]
-              * count[g] for g in active}
+    shares = {g: [cap(g, level)] * count[g] for g in active}
     heap = [(-(line[g][0] * k + line[g][1]), g, j) for g in active
             for j, k in enumerate(shares[g])]
     heapq.heapify(heap)

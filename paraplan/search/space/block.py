@@ -264,7 +264,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
 
     # FSDP copies every micro-batch (simulator.copies.fsdp_copy_bytes_per_param).
-    copies = np.where(need, m * (dense0 + exp0) * ctx.fsdp_coef[np.clip(z, 0, 3)], 0.0)
+    copies = np.where(need, m * (dense0 + exp0) * ctx.fsdp_coef[z], 0.0)
 
     out_step[idx] = span + dp_time + zero3 + opt + copies
     comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
