@@ -42,8 +42,7 @@ NOT_MODELLED = ("compression and local SGD change convergence (extra steps to re
 
 def _powersgd(model: ModelSpec, tp: int, etp: int, rank: int) -> float:
     """PowerSGD wire fraction for one rank's parameters (TP shards of every matrix)."""
-    h, d = model.hidden_size, model.head_size
-    q_out, kv_out = model.num_attention_heads * d, model.kv_heads * d
+    h = model.hidden_size
     gate = 2 if model.mlp_matrices == 3 else 1
 
     def mat(m: float, n: float) -> tuple[float, float]:
@@ -54,7 +53,7 @@ def _powersgd(model: ModelSpec, tp: int, etp: int, rank: int) -> float:
         # column-parallel up (and gate) projections, row-parallel down projection
         return [mat(h, gate * ffn / t), mat(ffn / t, h)]
 
-    attn = [mat(h, (q_out + 2 * kv_out) / tp), mat(q_out / tp, h)]
+    attn = [mat(*p.per_rank(tp)) for p in model.attention.projections]
     dense_layer = attn + mlp(model.ffn_hidden_size, tp)
     mats: list[tuple[float, float]] = []
     mats += dense_layer * model.num_dense_layers

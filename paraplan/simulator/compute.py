@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from paraplan.simulator.copies import eager_ring_bytes
+from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
@@ -172,7 +173,10 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     ffn = (model.expert_ffn * (model.moe_top_k + model.num_shared_experts)
            if moe else model.ffn_hidden_size)
     per_token = (2 * norm + 2 * 6.0) * h / sp
-    per_token += rope * h * (1 + model.kv_heads / model.num_attention_heads) / t
+    att = model.attention
+    per_token += rope * att.rope_width / t
+    if model.qk_norm:  # per-head RMSNorm of q and k
+        per_token += norm * (att.q_width + att.k_width) / t
     per_token += act * ffn / etp
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
@@ -229,12 +233,14 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     """
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    h, d = model.hidden_size, model.head_size
-    q_out = model.num_attention_heads * d / t
-    kv_out = model.kv_heads * d / t
+    h = model.hidden_size
+    att = model.attention
     gate = 2 if model.mlp_matrices == 3 else 1
 
-    proj = gemm_time(device, tokens, q_out + 2 * kv_out, h) + gemm_time(device, tokens, h, q_out)
+    proj = 0.0
+    for projection in att.projections:  # QKV + O; MLA's replicated down projection whole
+        k, n = projection.per_rank(t)
+        proj += gemm_time(device, tokens, n, k)
     if moe:
         etp = plan.expert_tp
         ffn = model.expert_ffn / etp
@@ -254,16 +260,18 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     heads = model.num_attention_heads / t
     s_q = training.seq_len / plan.cp
     b = plan.micro_batch_size
-    score_flops = 4.0 * b * s_q * training.seq_len * heads * d
+    keys, run_keys = attended_keys(model, training.seq_len)
+    score_flops = 2.0 * b * s_q * keys * heads * (att.qk_head + att.v_head)
     if training.flash_attention:
         # FlashAttention-1-class kernels run at about half of FlashAttention-2's throughput.
         version = 1.0 if training.flash_attention_version == 2 else 2.0
-        attn_fwd = version * 0.5 * score_flops / device.attention_fwd_flops
+        run = run_keys / keys  # causal (and windowed) blocks skipped
+        attn_fwd = version * run * score_flops / device.attention_fwd_flops
         # FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs, the
         # accounting under which its published backward efficiency holds (Dao 2023, sec 4.1).
-        attn_bwd = version * 2.5 * 0.5 * score_flops / device.attention_bwd_flops
+        attn_bwd = version * 2.5 * run * score_flops / device.attention_bwd_flops
     else:
-        elems = b * heads * s_q * training.seq_len
+        elems = b * heads * s_q * keys
         softmax_bytes = elems * (12.0 if training.dropout else 6.0)  # write, read, write (+drop)
         attn_fwd = score_flops / device.matmul_flops + softmax_bytes / device.memory_Bps
         attn_bwd = 2.0 * score_flops / device.matmul_flops + 2.0 * softmax_bytes / \
@@ -304,9 +312,9 @@ def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     eager fp32 ops instead: ``copies.eager_ring_bytes``."""
     steps = plan.cp - 1
     rows = plan.micro_batch_size * training.seq_len / plan.cp
-    d = model.head_size
-    q_elems = rows * model.num_attention_heads * d / plan.tp
-    kv_elems = 2.0 * rows * model.kv_heads * d / plan.tp
+    att = model.attention
+    q_elems = rows * att.o_width / plan.tp
+    kv_elems = rows * (att.k_width + att.v_width) / plan.tp
     if training.cp_merge == "eager_fp32":
         fwd_b, bwd_b, kernels = eager_ring_bytes(plan.cp, q_elems, kv_elems,
                                                  float(training.compute_bytes))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.specs.attention import attended_keys
 from paraplan.specs.model import ModelSpec
 
 
@@ -32,15 +33,18 @@ class LayerFlops:
 
 
 def attention_projection_flops(model: ModelSpec, tokens: float) -> float:
-    """Q, K, V and output projections: 2*tokens*h*(q_out + 2*kv_out) + 2*tokens*q_out*h."""
-    h, d = model.hidden_size, model.head_size
-    q_out, kv_out = model.num_attention_heads * d, model.kv_heads * d
-    return 2.0 * tokens * h * (q_out + 2 * kv_out) + 2.0 * tokens * q_out * h
+    """Q, K, V and output projections: 2*tokens*h*(q_out + 2*kv_out) + 2*tokens*q_out*h
+    (MLA: its down, up and output projections, ``specs.attention``)."""
+    return tokens * model.attention.flops_per_token
 
 
 def attention_score_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
-    """QK^T and AV over full s x s per head: 4*b*s^2*a*d (Narayanan et al. 2021, eq. 2 term)."""
-    return 4.0 * batch * seq_len * seq_len * model.num_attention_heads * model.head_size
+    """QK^T and AV over full s x s per head: 4*b*s^2*a*d (Narayanan et al. 2021, eq. 2 term);
+    2*b*s*s_k*a*(d_qk + d_v) in general, with s_k the keys each query meets (s; the window on
+    local-attention layers, averaged over the layers: ``specs.attention.attended_keys``)."""
+    keys, _ = attended_keys(model, seq_len)
+    att = model.attention
+    return 2.0 * batch * seq_len * keys * model.num_attention_heads * (att.qk_head + att.v_head)
 
 
 def mlp_flops(model: ModelSpec, tokens: float, ffn: int) -> float:
@@ -70,12 +74,26 @@ def lm_head_flops(model: ModelSpec, tokens: float) -> float:
 
 
 def model_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
-    """Forward FLOPs of the whole model for ``batch`` sequences (Megatron accounting)."""
+    """Forward FLOPs of the whole model for ``batch`` sequences (Megatron accounting), with
+    the multi-token-prediction modules (``mtp_forward_flops``)."""
     dense = layer_forward_flops(model, batch, seq_len, moe=False).total
     total = model.num_dense_layers * dense
     if model.is_moe:
         total += model.num_moe_layers * layer_forward_flops(model, batch, seq_len, moe=True).total
-    return total + lm_head_flops(model, batch * seq_len)
+    return total + lm_head_flops(model, batch * seq_len) + mtp_forward_flops(model, batch,
+                                                                             seq_len)
+
+
+def mtp_forward_flops(model: ModelSpec, batch: float, seq_len: int) -> float:
+    """Forward FLOPs of the multi-token-prediction modules (DeepSeek-V3 sec 2.2): each runs
+    its 2h -> h projection, one MoE block and the shared output head on every token. Megatron
+    counts them in its model FLOPs (``num_floating_point_operations``, ``mtp_num_layers``)."""
+    if not model.num_mtp_layers:
+        return 0.0
+    tokens = batch * seq_len
+    block = layer_forward_flops(model, batch, seq_len, moe=True).total
+    proj = 2.0 * tokens * 2 * model.hidden_size * model.hidden_size
+    return model.num_mtp_layers * (block + proj + lm_head_flops(model, tokens))
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> float:

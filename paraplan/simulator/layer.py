@@ -89,7 +89,8 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
-        kv = 2 * mb_tokens * model.kv_heads * model.head_size * training.compute_bytes / t
+        att = model.attention  # K and V as the attention kernel reads them (MLA: expanded)
+        kv = mb_tokens * (att.k_width + att.v_width) * training.compute_bytes / t
         ring = topo.p2p_ring(on(tuple(t * i for i in range(cp))))
         step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
                         ring.latency_s)

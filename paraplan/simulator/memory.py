@@ -75,7 +75,7 @@ def layer_activation_bytes(
     h = model.hidden_size
     t = plan.tp
     a = model.num_attention_heads
-    kv_ratio = model.kv_heads / a
+    att = model.attention
     drop = 1.0 if training.dropout else 0.0
     if plan.recompute == "full":
         # Only the layer input is kept (2sbh), sharded by t under sequence parallelism.
@@ -85,7 +85,11 @@ def layer_activation_bytes(
 
     # Per token, in units of h elements (bytes = 2 per element, 1 per mask element).
     replicated = 4.0 + 2.0 + 2.0 + 2.0 * drop  # norm inputs, QKV input, MLP input, masks
-    attn_split = 2.0 + 4.0 * kv_ratio + 2.0  # Q, K, V, output-projection input
+    # Q, K, V, output-projection input (2 + 4g/a + 2 for GQA with a*d = h).
+    attn_split = 2.0 * (att.q_width + att.k_width + att.v_width + att.o_width) / h
+    # MLA: the down projection runs whole on every TP rank (also under SP); its latents are
+    # kept before and after their norms (the up projections' inputs).
+    latent = 4.0 * att.latent_width / h
     gate = 2.0 if model.mlp_matrices == 3 else 1.0
     if moe:
         # Each token's top-k routed (+ shared) copies: expert input, activation input, second
@@ -102,9 +106,9 @@ def layer_activation_bytes(
     if not training.flash_attention and plan.recompute != "selective":
         score = (5.0 if training.dropout else 2.0) * a * s / h
     if plan.sequence_parallel:
-        per_token_h = (replicated + attn_split + score) / t + mlp_split / mlp_t
+        per_token_h = (replicated + attn_split + score) / t + mlp_split / mlp_t + latent
     else:
-        per_token_h = replicated + (attn_split + score) / t + mlp_split / mlp_t
+        per_token_h = replicated + (attn_split + score) / t + mlp_split / mlp_t + latent
     return s * b * h * per_token_h
 
 
@@ -117,16 +121,16 @@ def op_checkpoint_elements(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -
     """
     t = plan.tp
     sp = t if plan.sequence_parallel else 1
-    d = model.head_size
-    q_out = model.num_attention_heads * d / t
-    kv_out = model.kv_heads * d / t
+    att = model.attention
+    q_out = att.o_width / t
+    qkv_outs = (att.q_width + att.k_width + att.v_width) / t + att.latent_width
     gated = 2 if model.mlp_matrices == 3 else 1
     if moe:
         copies = model.moe_top_k + model.num_shared_experts
         mlp_outs = copies * (gated * model.expert_ffn / plan.expert_tp + model.hidden_size)
     else:
         mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
-    matmul_outs = q_out + 2 * kv_out + model.hidden_size / sp + mlp_outs
+    matmul_outs = qkv_outs + model.hidden_size / sp + mlp_outs
     return model.hidden_size / sp + q_out + 0.5 * matmul_outs
 
 
@@ -142,10 +146,8 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: b
 
 
 def moe_layers_in(model: ModelSpec, start: int, count: int) -> int:
-    """MoE layers among global layers [start, start + count) (dense ones lead the model)."""
-    if not model.is_moe:
-        return 0
-    return max(0, start + count - max(start, model.first_dense_layers))
+    """MoE layers among global layers [start, start + count) (``ModelSpec.is_moe_layer``)."""
+    return model.moe_layers_before(start + count) - model.moe_layers_before(start)
 
 
 def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], stage: int,

@@ -100,6 +100,9 @@ def rank_params(model: ModelSpec, plan: ParallelPlan, stage_layers: list[int],
     QKV / fc1 / LM head and vocab-parallel embedding split their outputs, row-parallel O /
     fc2 their inputs; their biases stay whole; experts are not TP-split)."""
     t, h = plan.tp, model.hidden_size
+    if model.attention.latent_width or model.qk_norm or model.attention_sinks:
+        raise ValueError("exact per-rank counts cover standard attention only (no MLA, "
+                         "q/k norms or sinks)")
     d = model.head_size
     q_out, kv_out = model.num_attention_heads * d, model.kv_heads * d
     attn_sharded = (h * q_out + 2 * h * kv_out + q_out * h) // t

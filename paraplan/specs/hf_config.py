@@ -1,9 +1,12 @@
 """Build a ModelSpec from a Hugging Face ``config.json`` (read as data, never executed).
 
-Supported styles: Llama, Mistral, Mixtral, Qwen2 (and Qwen2-MoE), Gemma, DeepSeek-MoE,
-GPT-NeoX and GPT-2. Keys follow each family's ``configuration_*.py`` in transformers;
-defaults below are those classes' defaults (e.g. Llama ties embeddings only when asked,
-GPT-2 always ties).
+Supported styles: Llama, Mistral, Mixtral, Qwen2 (and Qwen2-MoE), Qwen3 and Qwen3-MoE,
+Gemma, DeepSeek-MoE and DeepSeek-V2/V3 (multi-head latent attention, multi-token prediction),
+gpt-oss, Llama 4 (its text model), GPT-NeoX and GPT-2. Keys follow each family's
+``configuration_*.py`` in transformers; defaults below are those classes' defaults (e.g. Llama
+ties embeddings only when asked, GPT-2 always ties). Fields that do not change the cost
+(``routed_scaling_factor``, router scoring, ``n_group``/``topk_group``, rope scaling) are
+ignored.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from paraplan.specs.errors import SpecError, from_validation_error, short_repr
 from paraplan.specs.model import ModelSpec
 
 # Families whose MLP is gated (3 matrices) with a SiLU/GELU gate.
-_GATED_SILU = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "deepseek", "qwen3", "olmo"}
+_GATED_SILU = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "deepseek", "qwen3", "olmo",
+               "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "llama4", "llama4_text"}
+_QK_NORM = {"qwen3", "qwen3_moe"}  # per-head RMSNorm weights on q and k (modeling_qwen3.py)
 _GATED_GELU = {"gemma", "gemma2"}
 _TIED_BY_DEFAULT = {"gpt2", "gemma", "gemma2"}
 
@@ -55,7 +60,7 @@ _HF_KEYS = {
     "ffn_hidden_size": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
     "num_experts": ("num_local_experts", "n_routed_experts", "num_experts"),
-    "moe_top_k": ("num_experts_per_tok", "moe_top_k"),
+    "moe_top_k": ("num_experts_per_tok", "experts_per_token", "moe_top_k"),
     "moe_ffn_hidden_size": ("moe_intermediate_size",),
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx"),
 }
@@ -76,11 +81,14 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
             allowed="a JSON object with hidden_size, num_hidden_layers, ...",
         )
     model_type = str(cfg.get("model_type", "")).lower()
+    if model_type == "llama4" and isinstance(cfg.get("text_config"), dict):
+        cfg = {"model_type": "llama4_text", **cfg["text_config"]}  # the vision tower is ignored
+        model_type = "llama4_text"
     hidden = _int(cfg, *_HF_KEYS["hidden_size"], positive=True)
     layers = _int(cfg, *_HF_KEYS["num_layers"], positive=True)
     heads = _int(cfg, *_HF_KEYS["num_attention_heads"], positive=True)
     kv_heads = _int(cfg, *_HF_KEYS["num_kv_heads"], default=heads)
-    ffn = _int(cfg, *_HF_KEYS["ffn_hidden_size"], default=4 * hidden)
+    ffn = _int(cfg, "intermediate_size_mlp", *_HF_KEYS["ffn_hidden_size"], default=4 * hidden)
     vocab = _int(cfg, *_HF_KEYS["vocab_size"], positive=True)
     head_dim = _int(cfg, "head_dim", required=False)
     max_pos = _int(cfg, *_HF_KEYS["max_position_embeddings"], required=False)
@@ -131,7 +139,11 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         if model_type == "qwen2_moe" and shared_ffn and moe_ffn:
             shared = shared_ffn // moe_ffn
         fields["num_shared_experts"] = shared
-        fields["first_dense_layers"] = _int(cfg, "first_k_dense_replace", default=0)
+        fields.update(_moe_layout(cfg, layers))
+    fields.update(_attention_fields(cfg, model_type, layers))
+    if model_type == "gpt_oss":  # biases on q/k/v/o and on every expert (modeling_gpt_oss.py)
+        fields["use_bias"] = True
+        fields["published_active_excludes_embedding"] = True
     try:
         return ModelSpec(**fields)
     except ValidationError as exc:
@@ -144,3 +156,64 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
                 text = text.replace(f"config.json.{ours}", f"config.json key {present}")
         raise SpecError(text, field=err.field, value=err.value) from None
 
+
+
+def _moe_layout(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Which layers are MoE: DeepSeek ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen
+    ``decoder_sparse_step`` / ``mlp_only_layers``, Llama 4 ``interleave_moe_layer_step``;
+    plus DeepSeek-V3's multi-token-prediction modules."""
+    first = _int(cfg, "first_k_dense_replace", default=0)
+    freq = _int(cfg, "moe_layer_freq", default=1, positive=True)
+    if freq != 1:
+        raise SpecError(f"config.json key moe_layer_freq={freq} is not supported; allowed: 1 "
+                        "(every layer after first_k_dense_replace is MoE)",
+                        field="moe_layer_freq", value=freq, allowed="1")
+    step = _int(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1,
+                positive=True)
+    dense_only = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) for i in dense_only):
+        raise SpecError(f"config.json key mlp_only_layers={short_repr(dense_only)} must be a "
+                        "list of layer indices", field="mlp_only_layers", value=dense_only,
+                        allowed="a list of integers")
+    if dense_only:
+        if sorted(dense_only) != list(range(len(dense_only))):
+            raise SpecError(f"config.json key mlp_only_layers={short_repr(dense_only)} is "
+                            "supported only as leading layers 0..k-1",
+                            field="mlp_only_layers", value=dense_only,
+                            allowed="[0, 1, ..., k-1]")
+        first = max(first, len(dense_only))
+    return {"first_dense_layers": first, "moe_layer_step": step,
+            "num_mtp_layers": _int(cfg, "num_nextn_predict_layers", default=0)}
+
+
+def _attention_fields(cfg: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """MLA ranks and head widths, q/k norms, sinks and local (sliding / chunked) layers."""
+    out: dict[str, Any] = {}
+    if cfg.get("kv_lora_rank") is not None:
+        out["kv_lora_rank"] = _int(cfg, "kv_lora_rank", positive=True)
+        out["q_lora_rank"] = _int(cfg, "q_lora_rank", required=False, positive=True)
+        for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            out[key] = _int(cfg, key, positive=True)
+        out["head_dim"] = None  # MLA widths come from the keys above
+        out["num_kv_heads"] = None
+    if model_type in _QK_NORM:
+        out["qk_norm"] = True
+    if model_type == "gpt_oss":
+        out["attention_sinks"] = True
+    kinds = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if model_type == "llama4_text" and cfg.get("attention_chunk_size"):
+        rope_layers = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(layers)]
+        out.update(local_attention="chunked",
+                   local_attention_window=_int(cfg, "attention_chunk_size", positive=True),
+                   local_attention_layers=sum(1 for x in rope_layers if x))
+    elif isinstance(kinds, list) and window:
+        out.update(local_attention="sliding",
+                   local_attention_window=_int(cfg, "sliding_window", positive=True),
+                   local_attention_layers=sum(1 for k in kinds if k == "sliding_attention"))
+    elif window and cfg.get("use_sliding_window", model_type in ("mistral", "mixtral")):
+        out.update(local_attention="sliding",
+                   local_attention_window=_int(cfg, "sliding_window", positive=True),
+                   local_attention_layers=layers)
+    return out

@@ -4,15 +4,23 @@ Parameter counting follows the standard decomposition (Narayanan et al. 2021, eq
 12*l*h^2 + 2*v*h with l layers, h hidden, v vocab): per layer attention Q/K/V/O projections,
 the MLP (2 matrices of h x ffn for GELU-style, 3 for gated SwiGLU/GeGLU), MoE experts and
 router, norms; plus word embedding, LM head (unless tied) and learned positions.
+
+Attention variants (``specs.attention``): grouped-query, multi-head latent attention
+(DeepSeek-V2/V3), per-head q/k norms (Qwen3), attention sinks (gpt-oss) and local
+(sliding-window or chunked) attention on some layers (gpt-oss, Llama 4). MoE layers may follow
+leading dense layers (DeepSeek) and interleave with dense ones (Llama 4); DeepSeek-V3's
+multi-token-prediction modules are counted apart (``mtp_params``), as the authors count them.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
+from paraplan.specs.attention import AttentionShape, attention_shape
 from paraplan.specs.base import StrictModel
 
 Activation = Literal["gelu", "swiglu", "geglu", "squared_relu", "relu"]
@@ -60,9 +68,36 @@ class ModelSpec(StrictModel):
     """Always-active experts of width moe_ffn_hidden_size (DeepSeek-MoE)."""
     first_dense_layers: int = Field(default=0, ge=0)
     """Leading layers that are dense (ffn_hidden_size) in an MoE model (DeepSeek-MoE)."""
+    moe_layer_step: int = Field(default=1, ge=1, le=10_000)
+    """Every ``moe_layer_step``-th layer after the leading dense ones is MoE, the others dense
+    (Llama 4 ``interleave_moe_layer_step``: layers step-1, 2*step-1, ...); 1 = all."""
+    q_lora_rank: int | None = Field(default=None, gt=0, le=1_000_000)
+    """Multi-head latent attention (DeepSeek-V2/V3): query down-projection rank; None with
+    ``kv_lora_rank`` set = queries projected directly (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int | None = Field(default=None, gt=0, le=1_000_000)
+    """MLA: the compressed key/value latent width; set = the model uses MLA."""
+    qk_nope_head_dim: int | None = Field(default=None, gt=0, le=100_000)
+    qk_rope_head_dim: int | None = Field(default=None, gt=0, le=100_000)
+    v_head_dim: int | None = Field(default=None, gt=0, le=100_000)
+    qk_norm: bool = False
+    """Per-head RMSNorm weights on queries and keys (Qwen3 ``q_norm``/``k_norm``)."""
+    attention_sinks: bool = False
+    """One learned sink logit per head and layer (gpt-oss)."""
+    local_attention: Literal["sliding", "chunked"] | None = None
+    """Local attention on ``local_attention_layers`` layers: a sliding window of the last
+    ``local_attention_window`` keys (gpt-oss), or chunks of that many tokens attending only
+    within the chunk (Llama 4 ``attention_chunk_size``)."""
+    local_attention_window: int | None = Field(default=None, gt=0, le=100_000_000)
+    local_attention_layers: int = Field(default=0, ge=0)
+    num_mtp_layers: int = Field(default=0, ge=0, le=100)
+    """Multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``): each is one
+    more MoE block, a 2h x h projection and two norms on the last stage, sharing the
+    embedding and output head, run on every step in training."""
     published_params_b: float | None = Field(default=None, gt=0)
     """Total parameters the authors publish, billions (for tests and display only)."""
     published_active_params_b: float | None = Field(default=None, gt=0)
+    published_active_excludes_embedding: bool = False
+    """The authors' active count leaves out the input embedding table (gpt-oss model card)."""
     sources: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -87,10 +122,21 @@ class ModelSpec(StrictModel):
                     f"first_dense_layers={self.first_dense_layers} must be < num_layers="
                     f"{self.num_layers}"
                 )
-        elif self.moe_top_k or self.num_shared_experts or self.first_dense_layers:
-            raise ValueError(
-                "moe_top_k, num_shared_experts and first_dense_layers need num_experts > 0"
-            )
+        elif (self.moe_top_k or self.num_shared_experts or self.first_dense_layers
+              or self.moe_layer_step > 1 or self.num_mtp_layers):
+            raise ValueError("moe_top_k, num_shared_experts, first_dense_layers, "
+                             "moe_layer_step and num_mtp_layers need num_experts > 0")
+        if self.is_moe and not self.num_moe_layers:
+            raise ValueError(f"moe_layer_step={self.moe_layer_step} leaves no MoE layer among "
+                             f"num_layers={self.num_layers}")
+        if self.local_attention_layers > self.num_layers:
+            raise ValueError(f"local_attention_layers={self.local_attention_layers} must be "
+                             f"<= num_layers={self.num_layers}")
+        if (self.local_attention is None) != (self.local_attention_window is None) or (
+                self.local_attention is None and self.local_attention_layers):
+            raise ValueError("local_attention, local_attention_window and "
+                             "local_attention_layers go together")
+        attention_shape(self)  # MLA fields are all set or none (raises ValueError)
         return self
 
     # ---- derived shape ------------------------------------------------------------------
@@ -101,8 +147,15 @@ class ModelSpec(StrictModel):
 
     @property
     def head_size(self) -> int:
-        """Per-head width d."""
+        """Per-head width d (MLA: the value head width)."""
+        if self.v_head_dim is not None:
+            return self.v_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @cached_property
+    def attention(self) -> AttentionShape:
+        """Projection shapes and per-token widths of one attention block."""
+        return attention_shape(self)
 
     @property
     def is_moe(self) -> bool:
@@ -119,7 +172,20 @@ class ModelSpec(StrictModel):
 
     @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+        return self.moe_layers_before(self.num_layers)
+
+    def moe_layers_before(self, index: Any) -> Any:
+        """MoE layers among layers [0, index): layer i >= first_dense_layers is MoE when
+        (i + 1) is a multiple of ``moe_layer_step``. Works on ints and numpy int arrays."""
+        if not self.is_moe:
+            return index * 0
+        step, first = self.moe_layer_step, self.first_dense_layers
+        return np.maximum(0, index // step - first // step) if not isinstance(index, int) \
+            else max(0, index // step - first // step)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer ``index`` (0-based) has routed experts."""
+        return self.moe_layers_before(index + 1) > self.moe_layers_before(index)
 
     @property
     def num_dense_layers(self) -> int:
@@ -128,16 +194,9 @@ class ModelSpec(StrictModel):
     # ---- parameter counts (counts, not bytes) ---------------------------------------------
     @cached_property
     def attention_params(self) -> int:
-        """Q, K, V, O projections of one layer (GQA shrinks K and V), with biases if any."""
-        h, d = self.hidden_size, self.head_size
-        q_out, kv_out = self.num_attention_heads * d, self.kv_heads * d
-        weights = h * q_out + 2 * h * kv_out + q_out * h
-        bias = 0
-        if self.use_bias:
-            bias = q_out + 2 * kv_out + h
-        elif self.qkv_bias:
-            bias = q_out + 2 * kv_out
-        return weights + bias
+        """Q, K, V, O projections of one layer (GQA shrinks K and V; MLA's down and up
+        projections with their latent norms), biases, q/k norms and sinks if any."""
+        return self.attention.params
 
     def _mlp_params(self, ffn: int) -> int:
         h = self.hidden_size
@@ -205,8 +264,16 @@ class ModelSpec(StrictModel):
         return head + final_norm
 
     @cached_property
+    def mtp_params(self) -> int:
+        """Multi-token-prediction modules (DeepSeek-V3 sec 2.2): per module one MoE block, the
+        2h x h projection M and two RMSNorms; embedding and head are shared. Not in
+        ``num_params``: the authors count them apart (671B main model + 14B MTP)."""
+        h = self.hidden_size
+        return self.num_mtp_layers * (self.moe_layer_params + 2 * h * h + 2 * h)
+
+    @cached_property
     def num_params(self) -> int:
-        """Total trainable parameters."""
+        """Total trainable parameters (main model; ``mtp_params`` apart)."""
         layers = self.num_dense_layers * self.dense_layer_params
         layers += self.num_moe_layers * self.moe_layer_params
         return layers + self.embedding_params + self.lm_head_params
@@ -218,6 +285,14 @@ class ModelSpec(StrictModel):
         layers += self.num_moe_layers * self.moe_layer_active_params
         return layers + self.embedding_params + self.lm_head_params
 
+    @property
+    def published_convention_active_params(self) -> int:
+        """``num_active_params`` counted as the authors count it (without the input embedding
+        when ``published_active_excludes_embedding``)."""
+        if self.published_active_excludes_embedding:
+            return self.num_active_params - self.embedding_params
+        return self.num_active_params
+
     def describe(self) -> dict:
         """JSON-ready summary: the shape plus parameter counts (the `describe --model` contract)."""
         shape = self.model_dump(exclude={"sources"}, exclude_none=True)
@@ -227,6 +302,8 @@ class ModelSpec(StrictModel):
             "num_active_params": self.num_active_params,
             "num_params_b": round(self.num_params / 1e9, 3),
             "num_active_params_b": round(self.num_active_params / 1e9, 3),
+            "num_active_params_excl_embedding": self.num_active_params - self.embedding_params,
+            "mtp_params": self.mtp_params,
             "shape": shape,
             "sources": list(self.sources),
         }

@@ -88,10 +88,8 @@ def gpu_costs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def dense_layers_before(model: ModelSpec, idx: np.ndarray) -> np.ndarray:
-    """Dense (non-MoE) layers among global layers [0, idx) (dense ones lead the model)."""
-    if not model.is_moe:
-        return idx
-    return np.minimum(idx, model.first_dense_layers)
+    """Dense (non-MoE) layers among global layers [0, idx) (``ModelSpec.is_moe_layer``)."""
+    return idx - model.moe_layers_before(idx)
 
 
 def stage_time(c: GpuCosts, n_dense: np.ndarray | int, n_moe: np.ndarray | int,

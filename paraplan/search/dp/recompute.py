@@ -188,7 +188,7 @@ def per_layer_recompute(model: ModelSpec, cluster: ClusterSpec, training: Traini
     start = 0
     for r in range(p):
         ids = list(range(start, start + layers[r]))
-        is_moe = [model.is_moe and i >= model.first_dense_layers for i in ids]
+        is_moe = [model.is_moe_layer(i) for i in ids]
         n_moe = sum(is_moe)
         save = [keep * ((la_none.moe - la_full.moe) if mo else (la_none.dense - la_full.dense))
                 * ctx.inflight[r] for mo in is_moe]

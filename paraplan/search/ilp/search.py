@@ -146,8 +146,8 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
     start = time.perf_counter()
     if top < 1:
         raise SpecError(f"top={top} must be >= 1", field="top", value=top)
-    if model.is_moe and model.first_dense_layers:
-        raise SpecError(f"{model.name} mixes {model.first_dense_layers} dense layers with MoE "
+    if model.is_moe and model.num_dense_layers:
+        raise SpecError(f"{model.name} mixes {model.num_dense_layers} dense layers with MoE "
                         "layers; the ILP search needs uniform layers (use the dp/evolutionary "
                         "searchers)", field="model", value=model.name)
     fixed = normalise_fix(fix)
