@@ -157,6 +157,11 @@ def _print_model(out: Console, info: dict[str, Any]) -> None:
     if info["num_active_params"] != info["num_params"]:
         table.add_row("active parameters", f"{info['num_active_params']:,} "
                       f"({info['num_active_params_b']:.2f} B)")
+        no_emb = info["num_active_params_excl_embedding"]
+        table.add_row("active without input embedding", f"{no_emb:,} ({no_emb / 1e9:.2f} B)")
+    if info.get("mtp_params"):
+        table.add_row("multi-token prediction (apart)",
+                      f"{info['mtp_params']:,} ({info['mtp_params'] / 1e9:.2f} B)")
     for key, value in shape.items():
         if key not in ("name", "display_name"):
             table.add_row(key, str(value))

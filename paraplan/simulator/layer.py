@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.simulator import collectives as coll
-from paraplan.simulator.compute import Device, LayerTimes, layer_times, lm_head_times
+from paraplan.simulator.compute import (
+    Device,
+    LayerTimes,
+    gemm_time,
+    layer_times,
+    lm_head_times,
+)
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -146,6 +152,24 @@ def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: P
     LM head's, on the last one (one collective per micro-batch, next to the 2L/p per layer
     stage: a pipelined plan's first stage, which has no LM head, is rarely its slowest).
     ``tp_comm_overlap`` does not hide them. Groups as ``layer_parts`` (``base_rank``)."""
+    head = _head_only(model, topo, training, plan, device, base_rank)
+    if not model.num_mtp_layers:
+        return head
+    # Multi-token prediction (DeepSeek-V3 sec 2.2; Megatron places it on the last stage): each
+    # module concatenates two normed b*s*h inputs, projects 2h -> h (column-parallel), runs one
+    # MoE block and the shared output head with its loss.
+    block = layer_cost(model, topo, training, plan, device, moe=True, base_rank=base_rank)
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    proj = gemm_time(device, tokens, model.hidden_size / plan.tp, 2 * model.hidden_size)
+    n = model.num_mtp_layers
+    return HeadTimes(head.fwd + n * (block.fwd + proj + head.fwd),
+                     head.bwd + n * (block.bwd + 2 * proj + head.bwd),
+                     head.tp + n * (block.tp + head.tp))
+
+
+def _head_only(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+               device: Device, base_rank: int) -> HeadTimes:
+    """The LM head, loss and their TP collectives (``head_times`` without MTP)."""
     head_f, head_b = lm_head_times(model, training, plan, device)
     t = plan.tp
     if t <= 1:

@@ -178,7 +178,8 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
         head = model.lm_head_params
         if model.tie_word_embeddings and len(layers) > 1:
             head += model.vocab_size * model.hidden_size
-        dense += head
+        dense += head + model.mtp_params - model.mtp_expert_params
+        experts += model.mtp_expert_params
     return dense / plan.tp, experts / (plan.ep * plan.expert_tp)
 
 
@@ -243,8 +244,9 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
     s_local = training.seq_len / plan.cp
     # Recomputing one layer re-materialises its full activations during its backward.
     act = la.working if layers[stage] else 0.0
-    if stage == len(layers) - 1:
-        act += loss_bytes_per_logit(training) * s_local * mb * model.vocab_size / plan.tp
+    if stage == len(layers) - 1:  # the logits of the LM head and of every MTP module
+        act += (loss_bytes_per_logit(training) * s_local * mb * model.vocab_size / plan.tp
+                * (1 + model.num_mtp_layers))
     if stage == 0:
         act += 2.0 * s_local * mb * model.hidden_size  # embedding output
     other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
@@ -302,7 +304,9 @@ def pipeline_memory(
         if st is None:
             st = cache[key] = _static_stage(model, training, plan, dp, layers, stage, la,
                                             moe_layers)
-        act = ((n - n_moe) * la.dense + n_moe * la.moe) * inflight[stage] + st.activations
+        mtp = model.num_mtp_layers if stage == last else 0  # MTP blocks: MoE layers here
+        act = ((n - n_moe) * la.dense + (n_moe + mtp) * la.moe) * inflight[stage] \
+            + st.activations
         tensors = st.weights + st.grads + st.optimizer + act
         out.append(StageMemory(st.weights, st.grads, st.optimizer, act,
                                st.other + ALLOCATOR_FRAGMENTATION * tensors))

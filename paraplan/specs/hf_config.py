@@ -132,18 +132,26 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         fields["num_experts"] = experts
         fields["moe_top_k"] = _int(cfg, *_HF_KEYS["moe_top_k"], default=2)
         moe_ffn = _int(cfg, *_HF_KEYS["moe_ffn_hidden_size"], required=False)
+        if model_type == "llama4_text":  # experts use intermediate_size, dense layers _mlp
+            moe_ffn = _int(cfg, "intermediate_size", positive=True)
         if moe_ffn:
             fields["moe_ffn_hidden_size"] = moe_ffn
         shared = _int(cfg, "n_shared_experts", required=False) or 0
         shared_ffn = _int(cfg, "shared_expert_intermediate_size", required=False)
         if model_type == "qwen2_moe" and shared_ffn and moe_ffn:
             shared = shared_ffn // moe_ffn
+        if model_type == "llama4_text":  # one shared expert of the routed width (Llama4TextMoe)
+            shared = 1
         fields["num_shared_experts"] = shared
         fields.update(_moe_layout(cfg, layers))
     fields.update(_attention_fields(cfg, model_type, layers))
     if model_type == "gpt_oss":  # biases on q/k/v/o and on every expert (modeling_gpt_oss.py)
         fields["use_bias"] = True
-        fields["published_active_excludes_embedding"] = True
+    # The authors' active counts leave out the input embedding: stated in the gpt-oss model
+    # card (Table 1 caption); DeepSeek-V2's 21B and V3's 36.7B (README_WEIGHTS.md) reproduce
+    # only that way (20.85B and 36.63B; with the embedding 21.38B and 37.55B).
+    fields["published_active_excludes_embedding"] = model_type in (
+        "gpt_oss", "deepseek_v2", "deepseek_v3")
     try:
         return ModelSpec(**fields)
     except ValidationError as exc:

@@ -272,6 +272,11 @@ class ModelSpec(StrictModel):
         return self.num_mtp_layers * (self.moe_layer_params + 2 * h * h + 2 * h)
 
     @cached_property
+    def mtp_expert_params(self) -> int:
+        """The routed experts among ``mtp_params`` (split by EP, not TP)."""
+        return self.num_mtp_layers * self.num_experts * self.expert_params
+
+    @cached_property
     def num_params(self) -> int:
         """Total trainable parameters (main model; ``mtp_params`` apart)."""
         layers = self.num_dense_layers * self.dense_layer_params

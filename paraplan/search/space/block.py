@@ -132,11 +132,14 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     e_dp = ctx.edp[idx]
     shared = model.moe_layer_shared_params if model.is_moe else 0.0
     head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
-                                          if model.tie_word_embeddings and p > 1 else 0)
+                                          if model.tie_word_embeddings and p > 1 else 0) \
+        + model.mtp_params - model.mtp_expert_params
+    nmoe_mem = nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
     dense_r = (ndense * model.dense_layer_params + nmoe * shared
                + first * model.embedding_params + last * head_params)[None, :] / t[:, None]
     if model.is_moe:
-        exp_r = (nmoe * model.num_experts * model.expert_params)[None, :] \
+        exp_r = (nmoe * model.num_experts * model.expert_params
+                 + last * model.mtp_expert_params)[None, :] \
             / (ep * etp).astype(float)[:, None]
     else:
         exp_r = np.zeros((len(idx), k))
@@ -157,7 +160,8 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     per_logit = loss_bytes_per_logit(training)
     a = ctx.acts[ctx.inv[idx]]
     act_static = np.where(layers[None, :] > 0, a[:, 2, None], 0.0) \
-        + last[None, :] * (per_logit * s_local * mbs * model.vocab_size / t)[:, None] \
+        + last[None, :] * (per_logit * s_local * mbs * model.vocab_size / t
+                           * (1 + model.num_mtp_layers))[:, None] \
         + first[None, :] * (2.0 * s_local * mbs * model.hidden_size)[:, None]
     if model.is_moe:
         layer_params = np.maximum(model.dense_layer_params,
@@ -169,7 +173,8 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         + np.where((dp > 1) & (z < 3), 1.0, 0.0)[:, None] \
         * np.minimum(dense_r + exp_r, DDP_BUCKET_ELEMENTS) * 4.0
     infl = _inflight(sched, p, mi, v, rr)
-    act = (ndense[None, :] * a[:, 0, None] + nmoe[None, :] * a[:, 1, None]) * infl + act_static
+    act = (ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
+        + act_static
     tensors = weights + grads + optim + act
     peak = weights + grads + optim + act + (other + ALLOCATOR_FRAGMENTATION * tensors)
     worst = np.argmax(peak, axis=1)
