@@ -93,7 +93,7 @@ def _pipeline_split(ctx: ExportContext) -> list[str]:
     # loss (L) on the last, one t per transformer layer.
     segments = ["t" * n for n in chunks]
     segments[0] = "E" + segments[0]
-    segments[-1] = segments[-1] + "L"
+    segments[-1] = segments[-1] + "m" * ctx.model.num_mtp_layers + "L"
     return [f"--pipeline-model-parallel-layout {'|'.join(segments)}"]
 
 
@@ -119,18 +119,52 @@ def _architecture(ctx: ExportContext) -> list[str]:
         out.append("--disable-bias-linear")
     if m.qkv_bias and not m.use_bias:
         out.append("--add-qkv-bias")
+    out += _attention(ctx)
     if m.is_moe:
         out += [f"--num-experts {m.num_experts}", f"--moe-router-topk {m.moe_top_k}",
                 f"--moe-ffn-hidden-size {m.expert_ffn}"]
         if m.num_shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size "
                        f"{m.num_shared_experts * m.expert_ffn}")
-        if m.first_dense_layers:
-            pattern = [0] * m.first_dense_layers + [1] * (m.num_layers - m.first_dense_layers)
+        if m.num_dense_layers:
+            pattern = [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
             out.append("--moe-layer-freq " + str(pattern).replace(" ", ""))
+        if m.num_mtp_layers:
+            out.append(f"--mtp-num-layers {m.num_mtp_layers}")
         cf = ctx.plan.moe_capacity_factor
         if cf is not None:
             out += [f"--moe-expert-capacity-factor {cf:g}", "--moe-pad-expert-input-to-capacity"]
+    return out
+
+
+def _attention(ctx: ExportContext) -> list[str]:
+    """MLA, q/k norms, sinks and local attention (Megatron-LM arguments.py; the DeepSeek-R1
+    and gpt-oss examples: examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh,
+    examples/gptoss/02_train.sh)."""
+    m = ctx.model
+    out = []
+    if m.kv_lora_rank is not None:
+        out += ["--multi-latent-attention", f"--kv-lora-rank {m.kv_lora_rank}",
+                f"--qk-head-dim {m.qk_nope_head_dim}",
+                f"--qk-pos-emb-head-dim {m.qk_rope_head_dim}", f"--v-head-dim {m.v_head_dim}",
+                "--qk-layernorm"]  # MLA's latent norms
+        if m.q_lora_rank is not None:
+            out.append(f"--q-lora-rank {m.q_lora_rank}")
+    elif m.qk_norm:
+        out.append("--qk-layernorm")
+    if m.attention_sinks:
+        out.append("--softmax-type learnable")
+    if m.local_attention == "chunked":
+        raise refuse("model.local_attention", "chunked", TRAINER,
+                     "Megatron-Core v0.15 has sliding windows (--window-size) but no chunked "
+                     "attention")
+    if m.local_attention == "sliding":
+        out.append(f"--window-size {m.local_attention_window - 1},0")
+        if m.local_attention_layers * 2 == m.num_layers:
+            out.append("--window-attn-skip-freq 2")  # every other layer full (gpt-oss)
+        elif m.local_attention_layers != m.num_layers:
+            raise refuse("model.local_attention_layers", m.local_attention_layers, TRAINER,
+                         "all layers or every other layer (--window-attn-skip-freq 2)")
     return out
 
 

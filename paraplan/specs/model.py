@@ -24,6 +24,8 @@ from paraplan.specs.attention import AttentionShape, attention_shape
 from paraplan.specs.base import StrictModel
 
 Activation = Literal["gelu", "swiglu", "geglu", "squared_relu", "relu"]
+ModelFeature = Literal["mla", "qk_norm", "attention_sinks", "sliding_window",
+                       "chunked_attention", "mtp", "interleaved_moe"]
 GATED_ACTIVATIONS = frozenset({"swiglu", "geglu"})
 
 
@@ -160,6 +162,20 @@ class ModelSpec(StrictModel):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def features(self) -> list[str]:
+        """Architecture features a trainer's model code must have to run this model."""
+        out = []
+        for name, present in (
+                ("mla", self.kv_lora_rank is not None), ("qk_norm", self.qk_norm),
+                ("attention_sinks", self.attention_sinks),
+                ("sliding_window", self.local_attention == "sliding"),
+                ("chunked_attention", self.local_attention == "chunked"),
+                ("mtp", self.num_mtp_layers > 0), ("interleaved_moe", self.moe_layer_step > 1)):
+            if present:
+                out.append(name)
+        return out
 
     @property
     def mlp_matrices(self) -> int:

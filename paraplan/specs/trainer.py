@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from paraplan.specs.base import StrictModel
-from paraplan.specs.model import ModelSpec
+from paraplan.specs.model import ModelFeature, ModelSpec
 from paraplan.specs.plan import ParallelPlan, Recompute, Schedule
 from paraplan.specs.training import Precision, TrainingSpec
 
@@ -58,6 +58,9 @@ class TrainerCan(StrictModel):
     """An expert tensor-parallel degree other than tp."""
     moe: bool
     """Mixture-of-experts models at all."""
+    model_features: list[ModelFeature] = []
+    """Architecture features beyond standard (grouped-query) attention and leading dense
+    layers that the trainer's model code has (``ModelSpec.features``)."""
     recompute: list[Recompute]
     """Activation recomputation kinds."""
     precisions: list[Precision]
@@ -162,6 +165,10 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
         out.append(f"{who} always shards norms over the sequence with tp > 1 (sp=1)")
     if p.cp > 1 and not can.context_parallel:
         out.append(f"{who} has no ring context parallelism (plan: cp={p.cp})")
+    missing = [f for f in model.features if f not in can.model_features]
+    if missing:
+        out.append(f"{who} has no {', '.join(missing)} in its model code (the model needs "
+                   "them)")
     if model.is_moe and not can.moe:
         out.append(f"{who} (as paraplan exports it) has no mixture-of-experts models")
     elif p.ep > 1 and not can.expert_parallel:

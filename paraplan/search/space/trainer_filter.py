@@ -25,6 +25,12 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
         raise SpecError(f"{who} (as paraplan exports it) has no mixture-of-experts models; "
                         "use --trainer megatron-core or torchtitan", field="--trainer",
                         value=trainer.name)
+    missing = [f for f in model.features if f not in can.model_features]
+    if missing:
+        raise SpecError(f"{who} has no {', '.join(missing)} in its model code, which "
+                        f"{model.name} needs; pick a trainer whose profile lists them under "
+                        "can.model_features (generic for a what-if study)", field="--trainer",
+                        value=trainer.name)
     if training.precision not in can.precisions:
         raise SpecError(f"{who} cannot train in {training.precision}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
