@@ -120,6 +120,11 @@ SOURCES: dict[str, SourceConvention] = {
         "megatron-core", True, None, None, None,
         "NVIDIA dgxc-benchmarking NeMo recipes on DGX H100 (Megatron-Core 2024-25: overlapped "
         "DP/TP communication, FlashAttention/cuDNN attention, TE fused kernels)"),
+    "megatron_bridge_moe": SourceConvention(
+        "megatron-core", True, None, None, None,
+        "NVIDIA Megatron-Bridge performance summary (26.04.01 container) and dgxc-benchmarking "
+        "DeepSeek-V3: MoE pre-training with routing forced to balance "
+        "(moe_router_force_load_balancing), dropless, grouped GEMM, fused permute"),
     "megascale2024_megatron_baseline": SourceConvention(
         "megatron-core", True, None, None, None,
         "MegaScale Table 2 Megatron-LM baseline (2023 Megatron-LM with FlashAttention and "

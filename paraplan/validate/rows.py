@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from paraplan.simulator.step import even_split
 from paraplan.specs import (
     ClusterSpec,
     ModelSpec,
@@ -37,7 +38,13 @@ from paraplan.specs import (
     check_plan,
     load_cluster,
 )
-from paraplan.specs.loaders import cluster_from_dict, load_gpu, load_trainer
+from paraplan.specs.loaders import (
+    cluster_from_dict,
+    list_profiles,
+    load_gpu,
+    load_model,
+    load_trainer,
+)
 from paraplan.specs.trainer import TrainerSpec, apply_trainer
 from paraplan.validate.conventions import (
     SOURCES,
@@ -93,6 +100,10 @@ def _seq_len(row: dict[str, Any], s: _Specs) -> int:
 
 def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
     name = cell(row, "model_name") or "unnamed"
+    if s.source in PRESET_MODEL_SOURCES:
+        # Architectures the row's columns cannot describe (MLA, sinks, local attention, MTP,
+        # shared experts): the row names its model preset.
+        return _preset_model(name)
     family = model_family(name, s.source)
     layers, hidden = int_cell(row, "layers"), int_cell(row, "hidden")
     if layers is None or hidden is None:
@@ -128,6 +139,17 @@ def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
     )
 
 
+PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe"})
+"""Sources whose rows name a model preset in ``model_name`` (sources.md)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _preset_model(name: str) -> ModelSpec:
+    if name not in list_profiles("models"):
+        raise SkipRow(f"model preset {name!r} does not exist")
+    return load_model(name)
+
+
 @functools.lru_cache(maxsize=64)
 def _base_cluster(kind: str) -> ClusterSpec:
     """A one-node cluster per kind (preset name, or 'a100-<size>gb-roce' / '-opa'); cached
@@ -155,6 +177,10 @@ def _cluster_kind(row: dict[str, Any], s: _Specs) -> str:
         return "aws-p3.16xlarge"
     if "h200" in low:
         return "hgx-h200"
+    if "h800" in low:
+        return "dgx-h800"
+    if "b200" in low and "gb200" not in low:
+        return "dgx-b200"
     if "h100" in low:
         # Grand Teton (torchtitan): 400 Gb/s RDMA per GPU; Meta trains on Grand Teton over RoCE
         # (Llama 3 paper sec. 3.3.1), so the RoCE 400G profile (same bandwidth as IB NDR).
@@ -279,6 +305,12 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         mbs = 1
         s.guess("micro-batch not stated; 1 assumed")
     s.gbs = gbs
+    if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None
+            and model.num_layers % (pp * vpp)):
+        # The recipes lay uneven stages out with --pipeline-model-parallel-layout (e.g.
+        # DeepSeek-V3 "Et|(tt|)*30mL"); the nearest even split stands in for it.
+        layers_per_stage = even_split(model.num_layers, pp * vpp)
+        s.guess(f"layers per pipeline chunk {layers_per_stage} (recipe layout not modelled)")
     return make_spec(
         ParallelPlan, "plan", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
         # torchtitan's TP plan always shards norms over the sequence (SequenceParallel) and
@@ -288,6 +320,8 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
             and (int_cell(row, "tp") or 1) > 1),
         zero_stage=zero, micro_batch_size=mbs, schedule="interleaved" if vpp > 1 else "1f1b",
         virtual_stages=vpp, recompute=recompute, layers_per_stage=layers_per_stage,
+        # Megatron-Bridge's MoE recipes set expert_tensor_parallel_size=1 (sources.md).
+        **({"etp": 1} if s.source in PRESET_MODEL_SOURCES else {}),
     )
 
 
