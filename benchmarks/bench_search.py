@@ -22,6 +22,8 @@ CASES = [
     ("gpt3-175b", "dgx-a100-80gb", 16, 1536, 2048),
     ("llama3-405b", "dgx-h100", 2048, 2048, 8192),
     ("mixtral-8x22b", "dgx-h100", 64, 1024, 4096),
+    ("deepseek-v3", "dgx-h800", 256, 15360, 4096),  # DeepSeek-V3's 2048 H800 (batch 15360)
+    ("deepseek-v3", "gb200-nvl72", 16, 8192, 4096),  # 16 NVL72 racks = 1152 GB200
 ]
 HETERO = str(Path(__file__).parent / "clusters" / "hetero-1024.yaml")
 HETERO_CASES = [
@@ -89,6 +91,7 @@ def bench(case: tuple, searcher: str, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one repeat, exhaustive only")
+    ap.add_argument("--model", help="only the cases of this model (e.g. deepseek-v3)")
     args = ap.parse_args()
     repeats = 1 if args.quick else 3
     searchers = ("exhaustive",) if args.quick else ("exhaustive", "dp")
@@ -96,6 +99,8 @@ def main() -> None:
           "| grid plans/s | time to best | best plan | step | MFU |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for case in CASES:
+        if args.model and case[0] != args.model:
+            continue
         for s in searchers:
             r = bench(case, s, repeats)
             print(f"| {r['case']} | {s} | {r['legal_plans']:,} | {r['grid_plans']:,} | "
@@ -103,6 +108,8 @@ def main() -> None:
                   f"{r['grid_plans_per_s']:,.0f} | {r['time_to_best_s']:.2f} s | "
                   f"`{r['best']}` | {r['best_step_s']:.2f} s | {100 * r['best_mfu']:.1f}% |",
                   flush=True)
+    if args.model:
+        return
     print()
     print("| heterogeneous case | searcher | layouts considered | layouts/s | time to best "
           "| best plan | step | slowest-type / rank-order baseline | speed-up |")

@@ -3,13 +3,15 @@ position in errors, model families."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 from pydantic import BaseModel
 
 from paraplan.specs.errors import short_repr
-from paraplan.specs.loaders import _build
+from paraplan.specs.loaders import _build, list_profiles, load_model
+from paraplan.specs.model import ModelSpec
 
 
 class SkipRow(Exception):
@@ -66,3 +68,15 @@ def model_family(name: str, source: str) -> str:
     if low.startswith("bloom"):
         return "bloom"
     return "gpt"
+
+
+PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe"})
+"""Sources whose rows name a model preset in ``model_name`` (sources.md)."""
+
+
+@functools.lru_cache(maxsize=16)
+def preset_model(name: str) -> ModelSpec:
+    """The model preset a row names (sources in ``PRESET_MODEL_SOURCES``)."""
+    if name not in list_profiles("models"):
+        raise SkipRow(f"model preset {name!r} does not exist")
+    return load_model(name)

@@ -1,3 +1,5 @@
+# longer than 400 lines: one row-to-spec translation (model, cluster, plan, training) whose
+# parts read the same cells and notes; split, they would pass the row state around.
 """Specs from one published CSV row: model, cluster, training and plan, with per-source rules.
 
 Row filling rules (each recorded in the case's ``assumptions``; a guessed plan field makes the
@@ -38,13 +40,7 @@ from paraplan.specs import (
     check_plan,
     load_cluster,
 )
-from paraplan.specs.loaders import (
-    cluster_from_dict,
-    list_profiles,
-    load_gpu,
-    load_model,
-    load_trainer,
-)
+from paraplan.specs.loaders import cluster_from_dict, load_gpu, load_trainer
 from paraplan.specs.trainer import TrainerSpec, apply_trainer
 from paraplan.validate.conventions import (
     SOURCES,
@@ -52,7 +48,15 @@ from paraplan.validate.conventions import (
     recompute_from_text,
     zero_stage_from_text,
 )
-from paraplan.validate.row_cells import SkipRow, cell, int_cell, make_spec, model_family
+from paraplan.validate.row_cells import (
+    PRESET_MODEL_SOURCES,
+    SkipRow,
+    cell,
+    int_cell,
+    make_spec,
+    model_family,
+    preset_model,
+)
 from paraplan.validate.source_facts import (
     BLOOM_LAYERS_PER_STAGE,
     DEFAULT_VOCAB,
@@ -103,7 +107,7 @@ def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
     if s.source in PRESET_MODEL_SOURCES:
         # Architectures the row's columns cannot describe (MLA, sinks, local attention, MTP,
         # shared experts): the row names its model preset.
-        return _preset_model(name)
+        return preset_model(name)
     family = model_family(name, s.source)
     layers, hidden = int_cell(row, "layers"), int_cell(row, "hidden")
     if layers is None or hidden is None:
@@ -137,17 +141,6 @@ def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
         use_bias=family in ("gpt", "bloom"), embedding_layernorm=family == "bloom",
         num_experts=experts, moe_top_k=topk,
     )
-
-
-PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe"})
-"""Sources whose rows name a model preset in ``model_name`` (sources.md)."""
-
-
-@functools.lru_cache(maxsize=16)
-def _preset_model(name: str) -> ModelSpec:
-    if name not in list_profiles("models"):
-        raise SkipRow(f"model preset {name!r} does not exist")
-    return load_model(name)
 
 
 @functools.lru_cache(maxsize=64)
