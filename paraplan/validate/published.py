@@ -40,7 +40,8 @@ from paraplan.validate.rows import row_specs
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_THROUGHPUT_CSV = DATA_DIR / "published_throughput.csv"
 MOE_THROUGHPUT_CSV = DATA_DIR / "moe_throughput.csv"
-"""Published MoE runs paraplan adds to the shared set (source ``megatron_bridge_moe``)."""
+"""Published MoE runs paraplan adds to the shared set (``megatron_bridge_moe``,
+moe_sources.md)."""
 DEFAULT_MEMORY_CSV = DATA_DIR / "published_memory.csv"
 
 
@@ -150,7 +151,7 @@ def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
 
 def load_published_throughput(path: str | Path | None = None) -> list[PublishedCase]:
     """One case per row of ``published_throughput.csv`` (bundled copy when ``path`` is None,
-    followed by paraplan's own additions in ``moe_throughput.csv``: MoE runs, sources.md)."""
+    followed by paraplan's own additions in ``moe_throughput.csv``: MoE runs, moe_sources.md)."""
     rows = _read_rows(path, DEFAULT_THROUGHPUT_CSV)
     if path is None:
         rows += _read_rows(MOE_THROUGHPUT_CSV, MOE_THROUGHPUT_CSV)
