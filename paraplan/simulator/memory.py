@@ -106,10 +106,10 @@ def layer_activation_bytes(
     if not training.flash_attention and plan.recompute != "selective":
         score = (5.0 if training.dropout else 2.0) * a * s / h
     if plan.sequence_parallel:
-        per_token_h = (replicated + attn_split + score) / t + mlp_split / mlp_t + latent
+        per_token_h = (replicated + attn_split + score) / t + mlp_split / mlp_t
     else:
-        per_token_h = replicated + (attn_split + score) / t + mlp_split / mlp_t + latent
-    return s * b * h * per_token_h
+        per_token_h = replicated + (attn_split + score) / t + mlp_split / mlp_t
+    return s * b * h * (per_token_h + latent)
 
 
 def op_checkpoint_elements(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -> float:
@@ -178,7 +178,7 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
         head = model.lm_head_params
         if model.tie_word_embeddings and len(layers) > 1:
             head += model.vocab_size * model.hidden_size
-        dense += head + model.mtp_params - model.mtp_expert_params
+        dense += head + model.mtp_dense_params
         experts += model.mtp_expert_params
     return dense / plan.tp, experts / (plan.ep * plan.expert_tp)
 

@@ -94,14 +94,13 @@ def attention_shape(m: ModelSpec) -> AttentionShape:
     proj.append(Projection(q_rank or h, a * qk, "column"))
     proj.append(Projection(kv_rank, a * (nope + dv), "column"))
     proj.append(Projection(a * dv, h, "row"))
-    weights = sum(p.k_in * p.n_out for p in proj)
     norms = (q_rank or 0) + kv_rank  # latent RMSNorms
     extra = _extras(m, qk)
     bias = (a * qk + a * (nope + dv) + h) if m.use_bias else 0
     return AttentionShape(
         projections=tuple(proj), q_width=a * qk, k_width=a * qk, v_width=a * dv,
         o_width=a * dv, latent_width=down, qk_head=qk, v_head=dv,
-        rope_width=a * rope + rope, params=weights + norms + extra + bias)
+        rope_width=a * rope + rope, params=_weights(proj) + norms + extra + bias)
 
 
 def _standard(m: ModelSpec) -> AttentionShape:
@@ -114,10 +113,14 @@ def _standard(m: ModelSpec) -> AttentionShape:
         bias = q + 2 * kv + h
     elif m.qkv_bias:
         bias = q + 2 * kv
-    weights = h * (q + 2 * kv) + q * h
     return AttentionShape(
         projections=proj, q_width=q, k_width=kv, v_width=kv, o_width=q, latent_width=0,
-        qk_head=d, v_head=d, rope_width=q + kv, params=weights + bias + _extras(m, d))
+        qk_head=d, v_head=d, rope_width=q + kv, params=_weights(proj) + bias + _extras(m, d))
+
+
+def _weights(projections: list[Projection] | tuple[Projection, ...]) -> int:
+    """Weight elements of the projections: k_in * n_out each."""
+    return sum(p.k_in * p.n_out for p in projections)
 
 
 def _extras(m: ModelSpec, qk_head: int) -> int:

@@ -132,18 +132,18 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         fields["num_experts"] = experts
         fields["moe_top_k"] = _int(cfg, *_HF_KEYS["moe_top_k"], default=2)
         moe_ffn = _int(cfg, *_HF_KEYS["moe_ffn_hidden_size"], required=False)
-        if model_type == "llama4_text":  # experts use intermediate_size, dense layers _mlp
-            moe_ffn = _int(cfg, "intermediate_size", positive=True)
-        if moe_ffn:
-            fields["moe_ffn_hidden_size"] = moe_ffn
         shared = _int(cfg, "n_shared_experts", required=False) or 0
         shared_ffn = _int(cfg, "shared_expert_intermediate_size", required=False)
         if model_type == "qwen2_moe" and shared_ffn and moe_ffn:
             shared = shared_ffn // moe_ffn
-        if model_type == "llama4_text":  # one shared expert of the routed width (Llama4TextMoe)
-            shared = 1
+        if model_type == "llama4_text":
+            # Experts (and the one shared expert, Llama4TextMoe) are intermediate_size wide,
+            # dense layers intermediate_size_mlp.
+            moe_ffn, shared = _int(cfg, "intermediate_size", positive=True), 1
+        if moe_ffn:
+            fields["moe_ffn_hidden_size"] = moe_ffn
         fields["num_shared_experts"] = shared
-        fields.update(_moe_layout(cfg, layers))
+        fields.update(_moe_layout(cfg))
     fields.update(_attention_fields(cfg, model_type, layers))
     if model_type == "gpt_oss":  # biases on q/k/v/o and on every expert (modeling_gpt_oss.py)
         fields["use_bias"] = True
@@ -166,7 +166,7 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
 
 
 
-def _moe_layout(cfg: dict[str, Any], layers: int) -> dict[str, Any]:
+def _moe_layout(cfg: dict[str, Any]) -> dict[str, Any]:
     """Which layers are MoE: DeepSeek ``first_k_dense_replace`` / ``moe_layer_freq``, Qwen
     ``decoder_sparse_step`` / ``mlp_only_layers``, Llama 4 ``interleave_moe_layer_step``;
     plus DeepSeek-V3's multi-token-prediction modules."""
@@ -216,12 +216,14 @@ def _attention_fields(cfg: dict[str, Any], model_type: str, layers: int) -> dict
         out.update(local_attention="chunked",
                    local_attention_window=_int(cfg, "attention_chunk_size", positive=True),
                    local_attention_layers=sum(1 for x in rope_layers if x))
-    elif isinstance(kinds, list) and window:
-        out.update(local_attention="sliding",
-                   local_attention_window=_int(cfg, "sliding_window", positive=True),
-                   local_attention_layers=sum(1 for k in kinds if k == "sliding_attention"))
+        return out
+    if isinstance(kinds, list) and window:
+        n_local = sum(1 for k in kinds if k == "sliding_attention")
     elif window and cfg.get("use_sliding_window", model_type in ("mistral", "mixtral")):
-        out.update(local_attention="sliding",
-                   local_attention_window=_int(cfg, "sliding_window", positive=True),
-                   local_attention_layers=layers)
+        n_local = layers
+    else:
+        return out
+    out.update(local_attention="sliding",
+               local_attention_window=_int(cfg, "sliding_window", positive=True),
+               local_attention_layers=n_local)
     return out

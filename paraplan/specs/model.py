@@ -166,16 +166,13 @@ class ModelSpec(StrictModel):
     @property
     def features(self) -> list[str]:
         """Architecture features a trainer's model code must have to run this model."""
-        out = []
-        for name, present in (
-                ("mla", self.kv_lora_rank is not None), ("qk_norm", self.qk_norm),
-                ("attention_sinks", self.attention_sinks),
-                ("sliding_window", self.local_attention == "sliding"),
-                ("chunked_attention", self.local_attention == "chunked"),
-                ("mtp", self.num_mtp_layers > 0), ("interleaved_moe", self.moe_layer_step > 1)):
-            if present:
-                out.append(name)
-        return out
+        return [name for name, present in (
+            ("mla", self.kv_lora_rank is not None), ("qk_norm", self.qk_norm),
+            ("attention_sinks", self.attention_sinks),
+            ("sliding_window", self.local_attention == "sliding"),
+            ("chunked_attention", self.local_attention == "chunked"),
+            ("mtp", self.num_mtp_layers > 0), ("interleaved_moe", self.moe_layer_step > 1),
+        ) if present]
 
     @property
     def mlp_matrices(self) -> int:
@@ -195,9 +192,8 @@ class ModelSpec(StrictModel):
         (i + 1) is a multiple of ``moe_layer_step``. Works on ints and numpy int arrays."""
         if not self.is_moe:
             return index * 0
-        step, first = self.moe_layer_step, self.first_dense_layers
-        return np.maximum(0, index // step - first // step) if not isinstance(index, int) \
-            else max(0, index // step - first // step)
+        count = index // self.moe_layer_step - self.first_dense_layers // self.moe_layer_step
+        return max(0, count) if isinstance(index, int) else np.maximum(0, count)
 
     def is_moe_layer(self, index: int) -> bool:
         """Layer ``index`` (0-based) has routed experts."""
@@ -292,6 +288,11 @@ class ModelSpec(StrictModel):
         """The routed experts among ``mtp_params`` (split by EP, not TP)."""
         return self.num_mtp_layers * self.num_experts * self.expert_params
 
+    @property
+    def mtp_dense_params(self) -> int:
+        """``mtp_params`` outside the routed experts (split by TP)."""
+        return self.mtp_params - self.mtp_expert_params
+
     @cached_property
     def num_params(self) -> int:
         """Total trainable parameters (main model; ``mtp_params`` apart)."""
@@ -307,11 +308,16 @@ class ModelSpec(StrictModel):
         return layers + self.embedding_params + self.lm_head_params
 
     @property
+    def num_active_params_excl_embedding(self) -> int:
+        """``num_active_params`` without the input embedding table (a lookup, no FLOPs)."""
+        return self.num_active_params - self.embedding_params
+
+    @property
     def published_convention_active_params(self) -> int:
         """``num_active_params`` counted as the authors count it (without the input embedding
         when ``published_active_excludes_embedding``)."""
         if self.published_active_excludes_embedding:
-            return self.num_active_params - self.embedding_params
+            return self.num_active_params_excl_embedding
         return self.num_active_params
 
     def describe(self) -> dict:
@@ -323,7 +329,7 @@ class ModelSpec(StrictModel):
             "num_active_params": self.num_active_params,
             "num_params_b": round(self.num_params / 1e9, 3),
             "num_active_params_b": round(self.num_active_params / 1e9, 3),
-            "num_active_params_excl_embedding": self.num_active_params - self.embedding_params,
+            "num_active_params_excl_embedding": self.num_active_params_excl_embedding,
             "mtp_params": self.mtp_params,
             "shape": shape,
             "sources": list(self.sources),

@@ -130,6 +130,12 @@ class TrainerSpec(StrictModel):
         return f"{self.name} ({self.version})" if self.version else self.name
 
 
+def missing_features(trainer: TrainerSpec, model: ModelSpec) -> list[str]:
+    """The model's architecture features (``ModelSpec.features``) the trainer's model code
+    lacks (``can.model_features``)."""
+    return [f for f in model.features if f not in trainer.can.model_features]
+
+
 def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSpec,
                     plan: ParallelPlan, num_microbatches: int | None = None) -> list[str]:
     """Why ``trainer`` cannot run ``plan`` (empty when it can), one plain sentence each.
@@ -165,7 +171,7 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
         out.append(f"{who} always shards norms over the sequence with tp > 1 (sp=1)")
     if p.cp > 1 and not can.context_parallel:
         out.append(f"{who} has no ring context parallelism (plan: cp={p.cp})")
-    missing = [f for f in model.features if f not in can.model_features]
+    missing = missing_features(trainer, model)
     if missing:
         out.append(f"{who} has no {', '.join(missing)} in its model code (the model needs "
                    "them)")

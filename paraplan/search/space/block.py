@@ -133,7 +133,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     shared = model.moe_layer_shared_params if model.is_moe else 0.0
     head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
                                           if model.tie_word_embeddings and p > 1 else 0) \
-        + model.mtp_params - model.mtp_expert_params
+        + model.mtp_dense_params
     nmoe_mem = nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
     dense_r = (ndense * model.dense_layer_params + nmoe * shared
                + first * model.embedding_params + last * head_params)[None, :] / t[:, None]

@@ -12,7 +12,7 @@ from paraplan.search.space.fix import RECOMPUTES
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.trainer import TrainerSpec, relaxed_knobs
+from paraplan.specs.trainer import TrainerSpec, missing_features, relaxed_knobs
 from paraplan.specs.training import TrainingSpec
 
 
@@ -25,7 +25,7 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
         raise SpecError(f"{who} (as paraplan exports it) has no mixture-of-experts models; "
                         "use --trainer megatron-core or torchtitan", field="--trainer",
                         value=trainer.name)
-    missing = [f for f in model.features if f not in can.model_features]
+    missing = missing_features(trainer, model)
     if missing:
         raise SpecError(f"{who} has no {', '.join(missing)} in its model code, which "
                         f"{model.name} needs; pick a trainer whose profile lists them under "
