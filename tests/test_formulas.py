@@ -224,15 +224,15 @@ def _tiny_moe() -> ModelSpec:
 
 
 def test_moe_permute_traffic_by_hand():
-    from paraplan.simulator.compute import moe_permute_elements_per_token
+    from paraplan.simulator.moe import permute_elements_per_token
 
     model = _tiny_moe()  # h = 256, k = 2
-    fused = moe_permute_elements_per_token(model, ParallelPlan(), eager=False)
+    fused = permute_elements_per_token(model, ParallelPlan(), eager=False)
     assert fused == 2 * 256 + 2 * 2 * 256  # permute h -> kh, unpermute kh -> h
-    eager = moe_permute_elements_per_token(model, ParallelPlan(), eager=True)
+    eager = permute_elements_per_token(model, ParallelPlan(), eager=True)
     assert eager == 11 * 2 * 256 + 2 * 256  # five k-copy passes + scatter-add into zeros
-    padded = moe_permute_elements_per_token(model, ParallelPlan(ep=2, moe_capacity_factor=2.0),
-                                            eager=True)
+    padded = permute_elements_per_token(model, ParallelPlan(ep=2, moe_capacity_factor=2.0),
+                                        eager=True)
     assert padded == eager + 2 * 2.0 * 2 * 256  # two zero-filled capacity buffers
 
 

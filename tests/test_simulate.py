@@ -100,7 +100,7 @@ def test_moe_with_expert_parallel():
 
 def test_cli_simulate_json_through_entry_point():
     res = subprocess.run([*CMD, "simulate", "--model", "llama3-8b", "--cluster", "dgx-h100",
-                          "--plan", "tp=2,pp=1,mbs=1,sp=1", "--global-batch", "64",
+                          "--plan", "tp=2,pp=1,mbs=1,sp=1,zero=1", "--global-batch", "64",
                           "--seq-len", "4096", "--format", "json"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

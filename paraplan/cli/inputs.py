@@ -20,6 +20,17 @@ TrainerOpt = Annotated[str | None, typer.Option(
     "nanotron, llm-foundry, generic) or a profile YAML: only plans it can run, priced as it "
     "runs them. Default: megatron-core (best --export X: X's trainer).")]
 
+MoeDispatcherOpt = Annotated[str | None, typer.Option(
+    "--moe-dispatcher", help="MoE token dispatch: alltoall (NCCL) or hierarchical (DeepEP / "
+    "HybridEP, one copy per remote node). Default: the trainer's.")]
+MoeOverlapOpt = Annotated[bool | None, typer.Option(
+    "--moe-a2a-overlap/--no-moe-a2a-overlap", help="Hide expert-parallel all-to-alls behind "
+    "another micro-batch's compute (Megatron --overlap-moe-expert-parallel-comm). Default: "
+    "the trainer's.")]
+MoeImbalanceOpt = Annotated[float | None, typer.Option(
+    "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean "
+    "(default 1.3; 1.0 = forced balance, as NVIDIA's MoE benchmarks).")]
+
 
 def read_plan(text: str, field: str = "--plan"):
     """A plan from inline text (tp=8,pp=4,...), a JSON object, or a JSON/YAML file path. A JSON
@@ -98,17 +109,23 @@ def unwrap_plan_json(data: Any, text: str, field: str) -> Any:
 
 
 def read_training(global_batch: int | None, seq_len: int | None, precision: str,
-                  flash_attention: bool = True) -> Any:
-    """The TrainingSpec of --global-batch, --seq-len, --precision (and --no-flash-attention);
-    a bad value is a SpecError naming the field."""
+                  flash_attention: bool = True, *, moe_dispatcher: str | None = None,
+                  moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None
+                  ) -> Any:
+    """The TrainingSpec of --global-batch, --seq-len, --precision (and --no-flash-attention,
+    the --moe-* options: those left out stay the trainer's); a bad value is a SpecError
+    naming the field."""
     from pydantic import ValidationError
 
     from paraplan.specs.errors import from_validation_error
     from paraplan.specs.training import TrainingSpec
 
+    moe = {k: v for k, v in (("moe_dispatcher", moe_dispatcher),
+                             ("moe_a2a_overlap", moe_a2a_overlap),
+                             ("moe_load_imbalance", moe_imbalance)) if v is not None}
     try:
         return TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
-                            precision=precision, flash_attention=flash_attention)
+                            precision=precision, flash_attention=flash_attention, **moe)
     except ValidationError as exc:
         raise from_validation_error(exc, "training") from None
 

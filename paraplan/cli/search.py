@@ -24,7 +24,15 @@ from paraplan.cli.common import (
     write_report_outputs,
 )
 from paraplan.cli.export import write_export
-from paraplan.cli.inputs import TrainerOpt, check_output_paths, read_trainer, read_training
+from paraplan.cli.inputs import (
+    MoeDispatcherOpt,
+    MoeImbalanceOpt,
+    MoeOverlapOpt,
+    TrainerOpt,
+    check_output_paths,
+    read_trainer,
+    read_training,
+)
 from paraplan.specs import SpecError, load_cluster, load_model
 from paraplan.specs.trainer import trainer_training
 
@@ -113,6 +121,9 @@ def best(
         "--relaxed", help="Also search DiLoCo (H=10, 100), PowerSGD, 8/4-bit gradients and "
         "8/4-bit pipeline activations; bytes only, convergence not modelled.")] = False,
     trainer: TrainerOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = None,
+    moe_a2a_overlap: MoeOverlapOpt = None,
+    moe_imbalance: MoeImbalanceOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
@@ -136,7 +147,9 @@ def best(
         check_target(out, "--out")  # before the search, not after it
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
-    training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)
+    training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash,
+                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                             moe_imbalance=moe_imbalance)
     spec_trainer = read_trainer(trainer, export.value if export is not None else None)
     if relaxed:
         from paraplan.search.relaxed import relaxed_search

@@ -13,6 +13,9 @@ from rich.table import Table
 from paraplan.cli import goodput
 from paraplan.cli.common import Format, FormatOpt, console, emit_json, write_report_outputs
 from paraplan.cli.inputs import (
+    MoeDispatcherOpt,
+    MoeImbalanceOpt,
+    MoeOverlapOpt,
     TrainerOpt,
     apply_imported,
     check_output_paths,
@@ -49,6 +52,9 @@ def simulate(
     restart_s: goodput.RestartOpt = None,
     preemption_rate: goodput.PreemptOpt = 0.0,
     trainer: TrainerOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = None,
+    moe_a2a_overlap: MoeOverlapOpt = None,
+    moe_imbalance: MoeImbalanceOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Simulate one plan: step time, MFU, memory per GPU and where the time goes, as the
@@ -63,7 +69,9 @@ def simulate(
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
     spec_plan, imported = read_plan_source(plan)
-    training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash)
+    training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash,
+                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
+                             moe_imbalance=moe_imbalance)
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
         training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)

@@ -131,6 +131,15 @@ def _architecture(ctx: ExportContext) -> list[str]:
             out.append("--moe-layer-freq " + str(pattern).replace(" ", ""))
         if m.num_mtp_layers:
             out.append(f"--mtp-num-layers {m.num_mtp_layers}")
+        # Grouped expert GEMMs and fused permutation, as the simulator prices them; the
+        # dispatcher the training spec names (Megatron's own default is allgather).
+        out += ["--moe-grouped-gemm", "--moe-permute-fusion"]
+        if ctx.training.moe_dispatcher == "hierarchical":
+            out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
+        else:
+            out.append("--moe-token-dispatcher-type alltoall")
+        if ctx.training.moe_a2a_overlap and ctx.plan.ep > 1:
+            out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         cf = ctx.plan.moe_capacity_factor
         if cf is not None:
             out += [f"--moe-expert-capacity-factor {cf:g}", "--moe-pad-expert-input-to-capacity"]

@@ -106,10 +106,78 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
     if kind in ("all_gather", "reduce_scatter"):
         return ring_all_gather(nbytes, n, bw * kind_efficiency(topology, kind), lat)
     if kind == "all_to_all":
-        return all_to_all(nbytes, n, bw * kind_efficiency(topology, kind), lat)
+        return pairwise_all_to_all(topology, group, nbytes)
     if kind == "broadcast":
         return broadcast(nbytes, n, bw * kind_efficiency(topology, kind), lat)
     raise ValueError(f"unknown collective {kind!r}")
+
+
+def pairwise_all_to_all(topology: Topology, group: Sequence[int], nbytes: float) -> float:
+    """All-to-all where each member holds ``nbytes`` and sends ``nbytes / n`` to every other
+    member directly, seconds.
+
+    NCCL's all-to-all is one group of point-to-point sends and receives to every peer, all
+    posted at once (nccl-tests ``alltoall``: ``ncclSend``/``ncclRecv`` per peer inside
+    ``ncclGroupStart``/``End``), so a member's intra-node shares move over its own scale-up
+    link while its inter-node shares leave through its own NIC share (DGX/HGX are rail
+    optimised: one NIC per GPU, ``Topology.pair_matrix``), at the same time: the slower of
+    the two paces it, and the slowest member paces the group. Unlike a ring collective, a
+    pairwise exchange cannot pool the node's NICs: every GPU's cross-node bytes are its own.
+    One latency per tier (the sends are concurrent)."""
+    if len(group) <= 1 or nbytes <= 0:
+        return 0.0
+    intra, inter = _a2a_lines(topology, group)
+    share = nbytes / len(group)
+    return max(alpha + beta * share for alpha, beta in intra + inter)
+
+
+def forwarded_all_to_all(topology: Topology, group: Sequence[int], inter_bytes: float,
+                         intra_bytes: float) -> float:
+    """Hierarchical (node-deduplicated) all-to-all, seconds: each member sends
+    ``inter_bytes`` through its own NIC share to the other nodes (once per destination node)
+    while ``intra_bytes`` move over the scale-up links (the forwarding to the experts' GPUs
+    inside a node), at the same time (DeepEP internode "normal" kernels: RDMA to the
+    same-index GPU of each destination node, NVLink forwarding there; DeepEP README).
+    Bandwidths as ``pairwise_all_to_all``; one latency per tier."""
+    if len(group) <= 1 or (inter_bytes <= 0 and intra_bytes <= 0):
+        return 0.0
+    intra, inter = _a2a_lines(topology, group, slowest_peer=True)
+    return max([a + b * intra_bytes for a, b in intra if intra_bytes > 0]
+               + [a + b * inter_bytes for a, b in inter if inter_bytes > 0] + [0.0])
+
+
+def _a2a_lines(topology: Topology, group: Sequence[int], slowest_peer: bool = False
+               ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Distinct (latency s, seconds per byte) of every member's scale-up and inter-node
+    tiers, memoized per group. ``slowest_peer=False``: seconds per byte sent to each peer of
+    the tier, summed over its peers (``pairwise_all_to_all``); True: of the tier's slowest
+    link (``forwarded_all_to_all``)."""
+    key = (tuple(int(g) for g in group), slowest_peer)
+    return topology.memoized("a2a", key, _a2a_lines_of(topology))  # type: ignore
+
+
+def _a2a_lines_of(topology: Topology):
+    def lines(key: tuple[tuple[int, ...], bool]):
+        group, slowest_peer = key
+        members = np.asarray(group, dtype=np.int64)
+        n = members.size
+        bw, lat = topology.pair_matrix(group)
+        node = topology.node_of_gpu[members]
+        same = node[:, None] == node[None, :]
+        other = ~np.eye(n, dtype=bool)
+        per_byte = 1.0 / (bw * 1e9 * kind_efficiency(topology, "all_to_all"))  # 0 on diagonal
+        out = []
+        for tier in (same & other, ~same):
+            rows = tier.any(axis=1)
+            if not rows.any():
+                out.append([])
+                continue
+            beta = (np.where(tier, per_byte, 0.0).max(axis=1) if slowest_peer
+                    else np.where(tier, per_byte, 0.0).sum(axis=1))[rows]
+            alpha = np.where(tier, lat, 0.0).max(axis=1)[rows]
+            out.append(sorted({(float(a), float(b)) for a, b in zip(alpha, beta, strict=True)}))
+        return tuple(out)
+    return lines
 
 
 PS_MAX_MEMBERS = 4096
@@ -192,6 +260,7 @@ def collective_lines(topology: Topology, group: Sequence[int], kind: str,
     collective is the lower envelope of its algorithms' lines; ``k`` equal chunks cost
     ``min(k * alpha + beta * S)``. Returns [(alpha seconds, beta seconds per byte)], empty for
     a group of one (time 0). The vectorized search evaluates collectives from these lines.
+    All-to-all is a maximum over members, not an envelope: ``pairwise_all_to_all``.
     """
     n = len(group)
     if n <= 1:
@@ -215,7 +284,7 @@ def collective_lines(topology: Topology, group: Sequence[int], kind: str,
                 beta += 2 * (nn - 1) / nn / k / inter_bw
             lines.append((alpha, beta))
         return lines
-    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+    if kind in ("all_gather", "reduce_scatter"):
         return [((n - 1) * lat, (n - 1) / n / (bw * kind_efficiency(topology, kind)))]
     if kind == "broadcast":
         return [(math.ceil(math.log2(n)) * lat, 1 / (bw * kind_efficiency(topology, kind)))]

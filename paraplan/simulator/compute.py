@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from paraplan.simulator import moe as routing
 from paraplan.simulator.copies import eager_ring_bytes
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
@@ -158,7 +159,7 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
     complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
     native kernels either way. MoE layers add routing their tokens to the experts and back
-    (``moe_permute_elements_per_token``). Counts are for 16-bit elements and scale with the
+    (``moe.permute_elements_per_token``). Counts are for 16-bit elements and scale with the
     element size (fp32 training: x2).
     """
     h = model.hidden_size
@@ -169,7 +170,8 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     gated = model.mlp_matrices == 3
     act = (10.0 if eager else 6.0) if gated else 4.0
     rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
-    etp = plan.expert_tp if moe else t
+    # Routed copies: etp * T * k rows of width ffn / etp per rank (T = b s / (cp tp)); shared
+    # experts are TP-split: either way ffn / t per copy of each of the b s / cp tokens here.
     ffn = (model.expert_ffn * (model.moe_top_k + model.num_shared_experts)
            if moe else model.ffn_hidden_size)
     per_token = (2 * norm + 2 * 6.0) * h / sp
@@ -177,34 +179,14 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     per_token += rope * att.rope_width / t
     if model.qk_norm:  # per-head RMSNorm of q and k
         per_token += norm * (att.q_width + att.k_width) / t
-    per_token += act * ffn / etp
+    per_token += act * ffn / t
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
     if moe:
-        per_token += 2.0 * moe_permute_elements_per_token(model, plan, eager=eager)
+        # Routing runs on the T = b s / (cp tp) dispatched tokens, not the b s / cp here.
+        per_token += 2.0 * routing.permute_elements_per_token(model, plan, eager=eager) / t
     # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
     return per_token * training.compute_bytes / 2
-
-
-def moe_permute_elements_per_token(model: ModelSpec, plan: ParallelPlan, *,
-                                   eager: bool) -> float:
-    """Elements read plus written per token to route it to its top-k experts and back (one
-    MoE layer, forward), outside the GEMMs and the all-to-all.
-
-    Fused (Megatron's ``moe_permute_fusion`` / Transformer Engine): permute reads the token
-    and writes its k copies, unpermute reads the k expert outputs with their probabilities
-    and writes one token: 2h + 2kh. Eager (index ops, as in the executor and unfused
-    dispatchers): five gathers/scatters of the k copies (dispatch, gather for each expert,
-    scatter of its output, combine gather, probability scale) each read and write k*h, then
-    a scatter-add into a zeroed output (h zeros, k*h reads, h writes): 11kh + 2h; padded
-    capacity buffers (``moe_capacity_factor`` c) are zero-filled twice (dispatch buffer and
-    expert output): 2ckh more.
-    """
-    h, k = model.hidden_size, model.moe_top_k
-    if not eager:
-        return 2.0 * h + 2.0 * k * h
-    padded = 2.0 * plan.moe_capacity_factor * k * h if plan.moe_capacity_factor else 0.0
-    return 11.0 * k * h + 2.0 * h + padded
 
 
 @dataclass(frozen=True)
@@ -245,12 +227,16 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
         etp = plan.expert_tp
         ffn = model.expert_ffn / etp
         experts_here = max(1, model.num_experts // plan.ep)
-        routed = tokens * model.moe_top_k * plan.ep / model.num_experts  # tokens per expert
+        routed = routing.expert_rows(model, training, plan)  # rows per local expert
         per_expert = gemm_time(device, routed, gate * ffn, h) + gemm_time(device, routed, h, ffn)
-        mlp = experts_here * per_expert + gemm_time(device, tokens, model.num_experts, h)
+        # The router scores the rank's dispatched tokens; shared experts run as a TP-split
+        # dense MLP on all the layer's tokens (Megatron-Core SharedExpertMLP).
+        mlp = experts_here * per_expert + gemm_time(device, routing.dispatch_tokens(training, plan),
+                                                    model.num_experts, h)
         if model.num_shared_experts:
-            mlp += model.num_shared_experts * (gemm_time(device, tokens, gate * ffn, h)
-                                               + gemm_time(device, tokens, h, ffn))
+            shared = model.num_shared_experts * model.expert_ffn / t
+            mlp += gemm_time(device, tokens, gate * shared, h) + gemm_time(device, tokens, h,
+                                                                           shared)
     else:
         ffn = model.ffn_hidden_size / t
         mlp = gemm_time(device, tokens, gate * ffn, h) + gemm_time(device, tokens, h, ffn)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paraplan.simulator import collectives as coll
+from paraplan.simulator import moe as routing
 from paraplan.simulator.compute import (
     Device,
     LayerTimes,
@@ -50,6 +51,9 @@ class LayerParts:
     cp_bwd_s: float
     """Exposed ring traffic of one backward: K/V again plus dK/dV (``cp_merge``: 16-bit for
     Transformer Engine, fp32 for PyTorch's ``context_parallel``)."""
+    ep_overlap_slowdown: float | None = None
+    """With ``moe_a2a_overlap``: the fraction of compute the overlapped all-to-all kernels
+    take (None: the all-to-alls are exposed)."""
 
 
 def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
@@ -111,15 +115,36 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
                if training.cp_merge == "eager_fp32" else 1.0)
         cp_b = (1.0 + dkv) * cp_c
     ep_c = 0.0
-    if moe and plan.ep > 1:  # dispatch + combine all-to-all of the top-k token copies
-        a2a = mb_tokens * model.hidden_size * training.compute_bytes * model.moe_top_k
-        a2a *= plan.moe_capacity_factor or 1.0  # padded to capacity (None: dropless)
-        ep_group = on(tuple(plan.expert_tp * j for j in range(plan.ep)))
-        ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a / plan.expert_tp)
-    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b)
+    if moe and plan.ep * plan.expert_tp > 1:
+        # Dispatch + combine all-to-all of each rank's T*k token copies (T = b s / (cp tp),
+        # the sequence-parallel shard: ``moe.dispatch_tokens``), then, with expert TP, the
+        # expert-TP group all-gathers what its members received and reduce-scatters the
+        # expert outputs before the combine (Megatron-Core MoEAlltoAllTokenDispatcher).
+        a2a = routing.dispatch_bytes(model, training, plan)
+        etp = plan.expert_tp
+        ep_group = on(tuple(etp * j for j in range(plan.ep)))
+        nodes = len({int(topo.node_of_gpu[g]) for g in ep_group})
+        if training.moe_dispatcher == "hierarchical" and nodes > 1:
+            # One copy of a token per remote node it is routed to, forwarded over NVLink.
+            remote = (a2a / model.moe_top_k) * routing.remote_nodes_per_token(model, nodes)
+            ep_c = 2 * coll.forwarded_all_to_all(topo, ep_group, remote, a2a)
+        else:
+            ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a)
+        if etp > 1:
+            etp_group = on(tuple(range(etp)))
+            ep_c += (coll.group_collective(topo, etp_group, "all_gather", etp * a2a)
+                     + coll.group_collective(topo, etp_group, "reduce_scatter", etp * a2a))
+    overlap = None
+    if moe and training.moe_a2a_overlap and plan.ep > 1 and device.sm_count:
+        # The communication kernels take SMs from the compute they run under: NCCL's
+        # channels, or the 20 SMs DeepSeek gives DeepEP (DeepSeek-V3 report sec. 3.2.2).
+        overlap = (DEEPEP_SMS / device.sm_count if training.moe_dispatcher == "hierarchical"
+                   else device.nccl_slowdown)
+    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap)
 
 
 CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
+DEEPEP_SMS = 20  # SMs DeepSeek-V3 gives its dispatch/combine kernels (report sec. 3.2.2)
 FP32_BYTES = 4
 
 
@@ -152,13 +177,23 @@ def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: P
     LM head's, on the last one (one collective per micro-batch, next to the 2L/p per layer
     stage: a pipelined plan's first stage, which has no LM head, is rarely its slowest).
     ``tp_comm_overlap`` does not hide them. Groups as ``layer_parts`` (``base_rank``)."""
-    head = _head_only(model, topo, training, plan, device, base_rank)
+    head = lm_head_cost(model, topo, training, plan, device, base_rank)
     if not model.num_mtp_layers:
         return head
-    # Multi-token prediction (DeepSeek-V3 sec 2.2; Megatron places it on the last stage): each
-    # module concatenates two normed b*s*h inputs, projects 2h -> h (column-parallel), runs one
-    # MoE block and the shared output head with its loss.
     block = layer_cost(model, topo, training, plan, device, moe=True, base_rank=base_rank)
+    return with_mtp(model, training, plan, device, head, block)
+
+
+def with_mtp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
+             head: HeadTimes, block: LayerCost) -> HeadTimes:
+    """``head`` (``lm_head_cost``) plus the model's multi-token-prediction modules, given
+    the cost of one MoE layer under the plan's recompute (``block``).
+
+    DeepSeek-V3 sec 2.2 (Megatron places it on the last stage): each module concatenates two
+    normed b*s*h inputs, projects 2h -> h (column-parallel), runs one MoE block and the
+    shared output head with its loss."""
+    if not model.num_mtp_layers:
+        return head
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     proj = gemm_time(device, tokens, model.hidden_size / plan.tp, 2 * model.hidden_size)
     n = model.num_mtp_layers
@@ -167,8 +202,8 @@ def head_times(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: P
                      head.tp + n * (block.tp + head.tp))
 
 
-def _head_only(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
-               device: Device, base_rank: int) -> HeadTimes:
+def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+                 device: Device, base_rank: int = 0) -> HeadTimes:
     """The LM head, loss and their TP collectives (``head_times`` without MTP)."""
     head_f, head_b = lm_head_times(model, training, plan, device)
     t = plan.tp
@@ -203,6 +238,14 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
     cp_f, cp_b = cp_c, parts.cp_bwd_s + (cp_c if full else 0.0)
     ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
+    if parts.ep_overlap_slowdown is not None and not full:
+        # 1F1B all-to-all overlap: one micro-batch's forward runs merged with another's
+        # backward, so this layer's four all-to-alls run under the pair's compute; what the
+        # compute cannot cover stays exposed, the covered part costs the kernels' SMs.
+        # (Warm-up and cool-down micro-batches, which have no partner, are not told apart.)
+        comm, cover = ep_f + ep_b, lt.forward_s + lt.backward_s + extra
+        exposed = max(0.0, comm - cover) + min(comm, cover) * parts.ep_overlap_slowdown
+        ep_f = ep_b = exposed / 2
     return LayerCost(
         fwd=lt.forward_s + tp_f + cp_f + ep_f,
         bwd=lt.backward_s + extra + tp_b + cp_b + ep_b,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.simulator import moe as routing
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -91,16 +92,31 @@ def layer_activation_bytes(
     # kept before and after their norms (the up projections' inputs).
     latent = 4.0 * att.latent_width / h
     gate = 2.0 if model.mlp_matrices == 3 else 1.0
+    # fp8 training (Transformer Engine): every Linear keeps its fp8 (1-byte) input for the
+    # weight-gradient GEMM instead of the 16-bit one (TE ``_Linear.forward`` saves the
+    # quantized ``inputmat``; Megatron Core MoE report, arXiv 2603.07685, sec. 5: "FP8 stores
+    # linear-layer inputs only, halving them"); the attention output is kept twice, 16-bit
+    # for the attention backward and fp8 for the output projection.
+    lin = 1.0 if training.precision == "fp8" else 2.0
+    replicated += lin - 2.0 + lin - 2.0  # QKV and MLP inputs
+    attn_split += (1.0 if lin == 1.0 else 0.0) * att.o_width / h
+    ffn_in = lin  # the second matmul's input, per ffn element
     if moe:
-        # Each token's top-k routed (+ shared) copies: expert input, activation input, second
-        # matmul input; split by expert-TP rather than TP.
-        copies = model.moe_top_k + model.num_shared_experts
+        # Each token's top-k routed copies (expert input, activation input, second matmul
+        # input) on the rank's T = s/tp dispatched tokens, gathered over expert TP
+        # (``simulator.moe``): per layer token, k * (etp * in + ffn terms) / tp. Shared
+        # experts are a TP-split dense MLP. The router keeps its fp32 logits and
+        # probabilities (2 x 4 B x E per dispatched token). The busiest rank holds
+        # ``moe.load_factor`` times the mean routed rows.
+        k, shared = model.moe_top_k, model.num_shared_experts
         ffn_ratio = model.expert_ffn / h
-        mlp_split = copies * (2.0 + 2.0 * ffn_ratio * gate + 2.0 * ffn_ratio)
-        mlp_t = plan.expert_tp
+        ffn_terms = 2.0 * ffn_ratio * gate + ffn_in * ffn_ratio
+        mlp_split = (k * (plan.expert_tp * lin + ffn_terms) * routing.load_factor(training, plan)
+                     + shared * ffn_terms + 8.0 * model.num_experts / h)
+        mlp_t = t
     else:
         ffn_ratio = model.ffn_hidden_size / h
-        mlp_split = 2.0 * ffn_ratio * gate + 2.0 * ffn_ratio
+        mlp_split = 2.0 * ffn_ratio * gate + ffn_in * ffn_ratio
         mlp_t = t
     score = 0.0
     if not training.flash_attention and plan.recompute != "selective":
@@ -126,8 +142,9 @@ def op_checkpoint_elements(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -
     qkv_outs = (att.q_width + att.k_width + att.v_width) / t + att.latent_width
     gated = 2 if model.mlp_matrices == 3 else 1
     if moe:
+        # Routed rows live on the T = s/tp dispatched tokens (``simulator.moe``).
         copies = model.moe_top_k + model.num_shared_experts
-        mlp_outs = copies * (gated * model.expert_ffn / plan.expert_tp + model.hidden_size)
+        mlp_outs = copies * (gated * model.expert_ffn + plan.expert_tp * model.hidden_size) / t
     else:
         mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
     matmul_outs = qkv_outs + model.hidden_size / sp + mlp_outs
@@ -238,7 +255,7 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         return count / group if z >= stage_min else count
 
     weights = (shard(dense, ddp, 3) + shard(experts, edp, 3)) * wbytes
-    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * wbytes
+    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * training.grad_buffer_bytes
     optimizer = (shard(dense, ddp, 1) + shard(experts, edp, 1)) * obytes
     mb = plan.micro_batch_size
     s_local = training.seq_len / plan.cp

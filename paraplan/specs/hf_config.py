@@ -5,8 +5,8 @@ Gemma, DeepSeek-MoE and DeepSeek-V2/V3 (multi-head latent attention, multi-token
 gpt-oss, Llama 4 (its text model), GPT-NeoX and GPT-2. Keys follow each family's
 ``configuration_*.py`` in transformers; defaults below are those classes' defaults (e.g. Llama
 ties embeddings only when asked, GPT-2 always ties). Fields that do not change the cost
-(``routed_scaling_factor``, router scoring, ``n_group``/``topk_group``, rope scaling) are
-ignored.
+(``routed_scaling_factor``, router scoring, rope scaling) are ignored; DeepSeek's
+``n_group``/``topk_group`` limit how many nodes a token's experts span.
 """
 
 from __future__ import annotations
@@ -191,8 +191,13 @@ def _moe_layout(cfg: dict[str, Any]) -> dict[str, Any]:
                             field="mlp_only_layers", value=dense_only,
                             allowed="[0, 1, ..., k-1]")
         first = max(first, len(dense_only))
-    return {"first_dense_layers": first, "moe_layer_step": step,
-            "num_mtp_layers": _int(cfg, "num_nextn_predict_layers", default=0)}
+    out = {"first_dense_layers": first, "moe_layer_step": step,
+           "num_mtp_layers": _int(cfg, "num_nextn_predict_layers", default=0)}
+    groups = _int(cfg, "n_group", default=None, required=False)
+    pick = _int(cfg, "topk_group", default=None, required=False)
+    if groups and pick and groups > 1:  # group-limited routing (DeepSeek-V2/V3)
+        out["moe_router_groups"], out["moe_router_group_topk"] = groups, pick
+    return out
 
 
 def _attention_fields(cfg: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:

@@ -91,6 +91,11 @@ class ModelSpec(StrictModel):
     within the chunk (Llama 4 ``attention_chunk_size``)."""
     local_attention_window: int | None = Field(default=None, gt=0, le=100_000_000)
     local_attention_layers: int = Field(default=0, ge=0)
+    moe_router_groups: int | None = Field(default=None, ge=1, le=100_000)
+    """Group-limited routing (DeepSeek-V3 ``n_group``): the experts form this many equal
+    groups and each token picks its experts from ``moe_router_group_topk`` groups only."""
+    moe_router_group_topk: int | None = Field(default=None, ge=1, le=100_000)
+    """Groups a token may route to (DeepSeek-V3 ``topk_group``: 4 of 8, its node limit)."""
     num_mtp_layers: int = Field(default=0, ge=0, le=100)
     """Multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``): each is one
     more MoE block, a 2h x h projection and two norms on the last stage, sharing the
@@ -124,6 +129,15 @@ class ModelSpec(StrictModel):
                     f"first_dense_layers={self.first_dense_layers} must be < num_layers="
                     f"{self.num_layers}"
                 )
+            groups, pick = self.moe_router_groups, self.moe_router_group_topk
+            if (groups is None) != (pick is None):
+                raise ValueError("moe_router_groups and moe_router_group_topk are set together")
+            if groups is not None and (self.num_experts % groups or pick > groups
+                                       or pick * (self.num_experts // groups) < self.moe_top_k):
+                raise ValueError(
+                    f"moe_router_groups={groups} must divide num_experts={self.num_experts} and "
+                    f"moe_router_group_topk={pick} groups must hold moe_top_k={self.moe_top_k} "
+                    "experts")
         elif (self.moe_top_k or self.num_shared_experts or self.first_dense_layers
               or self.moe_layer_step > 1 or self.num_mtp_layers):
             raise ValueError("moe_top_k, num_shared_experts, first_dense_layers, "

@@ -250,6 +250,11 @@ class Topology:
             raise SpecError("a communication group lists a GPU twice", field="group")
         return arr
 
+    def memoized(self, kind: str, key: tuple, fn) -> object:
+        """``fn(key)``, computed once per topology (derived costs of a group, e.g. the
+        all-to-all lines of ``simulator.collectives``)."""
+        return self._memoized(kind, key, fn)
+
     def _memoized(self, kind: str, group: Sequence[int], fn) -> object:
         key = (kind, group if isinstance(group, tuple) else tuple(np.asarray(group).tolist()))
         hit = self._memo.get(key)

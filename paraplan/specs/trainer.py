@@ -75,6 +75,10 @@ class TrainerCan(StrictModel):
     """How DP gradients travel: NCCL-style collectives, or parameter servers."""
     placement: bool = False
     """A custom rank-to-GPU placement (trainers place ranks in their own order)."""
+    moe_dispatchers: list[Literal["alltoall", "hierarchical"]] = ["alltoall"]
+    """MoE token dispatchers (``TrainingSpec.moe_dispatcher``)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel all-to-all overlapped with another micro-batch's compute."""
 
 
 class TrainerRuns(StrictModel):
@@ -109,6 +113,10 @@ class TrainerRuns(StrictModel):
     """Its ring attention's merges (``TrainingSpec.cp_merge``)."""
     zero2_regather: bool = False
     """ZeRO-2 re-gathers parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
+    moe_dispatcher: Literal["alltoall", "hierarchical"] = "alltoall"
+    """The MoE token dispatcher its exported config selects (``TrainingSpec.moe_dispatcher``)."""
+    moe_a2a_overlap: bool = False
+    """Its exported config overlaps EP all-to-alls (``TrainingSpec.moe_a2a_overlap``)."""
 
 
 class TrainerSpec(StrictModel):
@@ -182,6 +190,18 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if model.is_moe and p.expert_tp != p.tp and not can.expert_tensor_parallel:
         out.append(f"{who} has no expert tensor-parallel degree other than tp (plan: "
                    f"etp={p.expert_tp})")
+    if model.is_moe and p.ep > 1:
+        if training.moe_dispatcher not in can.moe_dispatchers:
+            out.append(f"{who} has no {training.moe_dispatcher} MoE token dispatcher; it has "
+                       f"{_words(can.moe_dispatchers)}")
+        if training.moe_a2a_overlap and not can.moe_a2a_overlap:
+            out.append(f"{who} cannot overlap expert-parallel all-to-alls with compute")
+        if training.moe_a2a_overlap and p.recompute == "full":
+            out.append(f"{who} cannot overlap expert-parallel all-to-alls under full "
+                       "recomputation (recompute=full)")
+        if training.moe_a2a_overlap and p.pp > 1 and p.virtual_stages == 1:
+            out.append(f"{who} overlaps expert-parallel all-to-alls with pp > 1 only on an "
+                       "interleaved schedule (vpp > 1)")
     if p.recompute not in can.recompute:
         out.append(f"{who} cannot recompute={p.recompute}; it has {_words(can.recompute)}")
     if training.precision not in can.precisions:
@@ -241,7 +261,8 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "fp8_weight_cache": runs.fp8_weight_cache,
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
-             "zero2_regather": runs.zero2_regather}
+             "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
+             "moe_a2a_overlap": runs.moe_a2a_overlap}
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})
 

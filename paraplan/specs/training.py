@@ -63,6 +63,26 @@ class TrainingSpec(StrictModel):
     dK/dV passed at 16 bits) or ``eager_fp32`` (PyTorch ``context_parallel``, which
     torchtitan uses: eager fp32 merges, fp32 dQ/dK/dV accumulators and an fp32 dK/dV ring;
     ``simulator.copies.eager_ring_bytes``)."""
+    moe_dispatcher: Literal["alltoall", "hierarchical"] = "alltoall"
+    """How MoE tokens travel to their experts' ranks: ``alltoall`` (NCCL all-to-all of every
+    routed copy; Megatron ``--moe-token-dispatcher-type alltoall``) or ``hierarchical``
+    (DeepEP / HybridEP: a token crosses to each remote node it is routed to once and is
+    forwarded over NVLink there, and expert outputs are summed inside the node before they
+    cross back; Megatron ``--moe-token-dispatcher-type flex``)."""
+    moe_a2a_overlap: bool = False
+    """Expert-parallel all-to-alls hidden behind another micro-batch's compute (Megatron
+    ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``: the forward of one
+    micro-batch and the backward of another run merged, each one's all-to-all under the
+    other's compute)."""
+    moe_load_imbalance: float = Field(default=1.3, ge=1.0, le=64.0)
+    """Routed tokens on the busiest expert-parallel rank over the mean (the rank that paces
+    every MoE layer: its expert GEMMs, its all-to-all share and its expert activations).
+    Default 1.3: the least inter-rank imbalance UltraEP measured in training and prefill
+    across MoE models of 106B-671B parameters without rebalancing (1.30-4.01; arXiv
+    2606.04101, abstract); expert-level, an auxiliary-loss-balanced router still leaves the
+    busiest expert 1.52-1.72x the mean (Wang et al. 2024, arXiv 2408.15664, Table 2
+    MaxVio_global). 1.0: balanced, as Megatron's ``--moe-router-force-load-balancing``
+    (random router logits, "only for benchmark") makes NVIDIA's published MoE benchmarks."""
     grad_reduce_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
     compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""
@@ -79,6 +99,15 @@ class TrainingSpec(StrictModel):
     def grad_reduce_bytes(self) -> int:
         """Bytes per gradient element sent in the data-parallel reduction."""
         return 4 if self.grad_reduce_fp32 else self.compute_bytes
+
+    @property
+    def grad_buffer_bytes(self) -> int:
+        """Bytes per element of the gradient buffer kept through the step: a trainer that
+        reduces in fp32 accumulates into fp32 (Megatron-Core ``grad_reduce_in_fp32``: the DDP
+        grad buffer's dtype is float32: Megatron-LM docs/source/api-guide/dist_optimizer.md,
+        "bf16 parameters, fp32 gradients: 18 | 6 + 12/d" bytes per parameter without and with
+        the distributed optimizer), else in the compute dtype."""
+        return self.grad_reduce_bytes
 
     @property
     def compute_bytes(self) -> int:

@@ -375,6 +375,14 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                 explicit["loss_kernels"] = "eager"
                 s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
                                "before 2025-02")
+        # paraplan's own MoE rows name the recipe's dispatcher, all-to-all overlap and
+        # routing balance (NVIDIA's benchmarks force it: --moe-router-force-load-balancing).
+        if cell(row, "moe_dispatcher"):
+            explicit["moe_dispatcher"] = cell(row, "moe_dispatcher")
+        if cell(row, "moe_a2a_overlap"):
+            explicit["moe_a2a_overlap"] = _flag(row, "moe_a2a_overlap", False)
+        if cell(row, "moe_load_imbalance"):
+            explicit["moe_load_imbalance"] = float(cell(row, "moe_load_imbalance"))
         s.notes.append(f"{explicit.get('kernels', trainer.runs.kernels)} non-GEMM kernels "
                        f"({'torch.compile' if explicit else trainer.name})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":

@@ -17,8 +17,9 @@ from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
+from paraplan.simulator.layer import HeadTimes, lm_head_cost, with_mtp
 from paraplan.simulator.memory import GiB, layer_activations
-from paraplan.simulator.step import LayerParts, compose_layer_cost, head_times, layer_parts
+from paraplan.simulator.step import LayerParts, compose_layer_cost, layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -107,24 +108,40 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     lc = np.zeros((nk, 2, 7))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep]
     acts = np.zeros((nk, 3))  # dense, moe, working bytes
     head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
-    parts: dict[tuple[int, ...], tuple[LayerParts, LayerParts, tuple[float, ...]]] = {}
+    # Dense layers and the LM head do not depend on ep/etp, nor the parts on recompute: each
+    # is computed once per the fields it reads. Plans come from the validated space, so they
+    # are copies of a validated template, not validated again.
+    dense_parts: dict[tuple[int, ...], tuple[LayerParts, HeadTimes]] = {}
+    moe_parts: dict[tuple[int, ...], LayerParts] = {}
+    tco_const = {k: v for k, v in const.items() if k in ("tp_comm_overlap",)}
+    templates: dict[bool | None, ParallelPlan] = {}
     for i, (t, cp, sp, mbs, rc, ep, etp) in enumerate(uniq):
-        tco = {k: v for k, v in const.items() if k in ("tp_comm_overlap",)}
-        if space.trainer is not None and not tco:
-            tco = {"tp_comm_overlap": tp_overlap(space.trainer.runs, int(t), bool(sp))}
-        plan = ParallelPlan(tp=int(t), cp=int(cp), sequence_parallel=bool(sp),
-                            micro_batch_size=int(mbs), recompute=RECOMPUTES[rc], ep=int(ep),
-                            etp=int(etp), **tco)
-        base = (int(t), int(cp), int(sp), int(mbs), int(ep), int(etp))
-        if base not in parts:  # everything but recompute
-            dp_ = layer_parts(model, topo, training, plan, dev, moe=False)
-            ht = head_times(model, topo, training, plan, dev)
-            parts[base] = (dp_, layer_parts(model, topo, training, plan, dev, moe=True)
-                           if model.is_moe else dp_, (ht.fwd, ht.bwd, ht.tp))
-        pd, pm, head[i] = parts[base]
+        tco = tco_const.get("tp_comm_overlap")
+        if space.trainer is not None and tco is None:
+            tco = tp_overlap(space.trainer.runs, int(t), bool(sp))
+        if tco not in templates:
+            templates[tco] = ParallelPlan() if tco is None else ParallelPlan(tp_comm_overlap=tco)
+        plan = templates[tco].model_copy(update={
+            "tp": int(t), "cp": int(cp), "sequence_parallel": bool(sp),
+            "micro_batch_size": int(mbs), "recompute": RECOMPUTES[rc], "ep": int(ep),
+            "etp": int(etp)})
+        dkey = (int(t), int(cp), int(sp), int(mbs))
+        if dkey not in dense_parts:
+            dense_parts[dkey] = (layer_parts(model, topo, training, plan, dev, moe=False),
+                                 lm_head_cost(model, topo, training, plan, dev))
+        pd, lm_head = dense_parts[dkey]
+        pm = pd
+        if model.is_moe:
+            mkey = (*dkey, int(ep), int(etp))
+            if mkey not in moe_parts:
+                moe_parts[mkey] = layer_parts(model, topo, training, plan, dev, moe=True)
+            pm = moe_parts[mkey]
         for j, pt in enumerate((pd, pm)):
             x = compose_layer_cost(pt, RECOMPUTES[rc])
             lc[i, j] = (x.fwd, x.bwd, x.wgrad, x.compute, x.tp, x.cp, x.ep)
+        # The MTP modules' MoE block runs under this key's recompute (``x`` is the MoE one).
+        ht = with_mtp(model, training, plan, dev, lm_head, x)
+        head[i] = (ht.fwd, ht.bwd, ht.tp)
         la = layer_activations(model, training, plan)
         acts[i] = (la.dense, la.moe, la.working)
 

@@ -1,0 +1,107 @@
+"""Where an MoE layer's tokens go: how many each rank dispatches, how many rows its expert
+GEMMs see, and the memory traffic of routing them (token counts and elements; no times).
+
+Megatron-Core runs an MoE layer on the sequence-parallel shard of the tokens: with tensor
+parallelism the layer input is ``[s/tp, b, h]`` on every rank (sequence parallelism is
+required with TP and EP, megatron/core/transformer/moe/token_dispatcher.py,
+``MoEAlltoAllTokenDispatcher``: "hidden_states: 3D tensor [S/TP, B, H]"), and the experts
+of one expert-tensor-parallel group of ``etp`` ranks all-gather their tokens after the
+expert-parallel all-to-all ("MoE parallel folding", Liu et al. 2025, arXiv 2504.14960,
+sec. 3). torchtitan does the same when EP borrows the TP ranks
+(``ReordererSequenceParallel``: tokens split across TP ranks before dispatch).
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+
+def dispatch_tokens(training: TrainingSpec, plan: ParallelPlan) -> float:
+    """Tokens one rank routes into each MoE layer per micro-batch: ``b s / (cp tp)``."""
+    return plan.micro_batch_size * training.seq_len / (plan.cp * plan.tp)
+
+
+def expert_rows(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
+    """Rows one local expert's GEMMs process per micro-batch on the busiest rank.
+
+    The expert-model-parallel group of ``ep * etp`` ranks holds ``ep * etp * T`` tokens
+    (``T = dispatch_tokens``); their ``k`` copies spread over ``E`` experts, and each expert's
+    rows are processed by all ``etp`` ranks of its expert-TP group (each with ``1/etp`` of
+    the expert's width): ``ep * etp * T * k / E`` on average, times ``load_factor``.
+    """
+    return (plan.ep * plan.expert_tp * dispatch_tokens(training, plan) * model.moe_top_k
+            / model.num_experts * load_factor(training, plan))
+
+
+def load_factor(training: TrainingSpec, plan: ParallelPlan) -> float:
+    """Routed rows on the busiest rank over the mean: the capacity factor when experts are
+    padded to capacity (``--moe-pad-expert-input-to-capacity``: every expert runs ``c`` times
+    its mean rows, and no more), else ``training.moe_load_imbalance`` (dropless)."""
+    return plan.moe_capacity_factor or training.moe_load_imbalance
+
+
+def permute_elements_per_token(model: ModelSpec, plan: ParallelPlan, *,
+                               eager: bool) -> float:
+    """Elements read plus written per dispatched token to route it to its top-k experts and
+    back (one MoE layer, forward), outside the GEMMs and the all-to-all.
+
+    Fused (Megatron's ``moe_permute_fusion`` / Transformer Engine): permute reads the token
+    and writes its k copies, unpermute reads the k expert outputs with their probabilities
+    and writes one token: 2h + 2kh. Eager (index ops, as in the executor and unfused
+    dispatchers): five gathers/scatters of the k copies (dispatch, gather for each expert,
+    scatter of its output, combine gather, probability scale) each read and write k*h, then
+    a scatter-add into a zeroed output (h zeros, k*h reads, h writes): 11kh + 2h; padded
+    capacity buffers (``moe_capacity_factor`` c) are zero-filled twice (dispatch buffer and
+    expert output): 2ckh more.
+    """
+    h, k = model.hidden_size, model.moe_top_k
+    if not eager:
+        return 2.0 * h + 2.0 * k * h
+    padded = 2.0 * plan.moe_capacity_factor * k * h if plan.moe_capacity_factor else 0.0
+    return 11.0 * k * h + 2.0 * h + padded
+
+
+def dispatch_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
+    """Bytes the busiest rank moves in one all-to-all (dispatch or combine) of one MoE layer:
+    ``T k`` token copies of width ``h`` (times ``training.moe_load_imbalance``, the share it
+    receives in dispatch and sends back in combine), or the padded capacity when a capacity
+    factor is set (padding caps the load: no imbalance on top)."""
+    return (dispatch_tokens(training, plan) * model.moe_top_k * model.hidden_size
+            * training.compute_bytes * load_factor(training, plan))
+
+
+def remote_nodes_per_token(model: ModelSpec, nodes: int) -> float:
+    """Expected number of other nodes a token's top-k experts sit on, when the ``E`` experts
+    are laid out in order over the ``nodes`` nodes of the expert-parallel group and routing is
+    balanced (each token picks k distinct experts uniformly: the forced balance NVIDIA's
+    benchmarks use; Megatron's ``--moe-router-force-load-balancing`` keeps group-limited
+    routing).
+
+    Plain top-k: a node holds ``E/N`` experts and a token misses it with probability
+    ``C(E - E/N, k) / C(E, k)`` (hypergeometric), so it reaches ``(N - 1)`` times the
+    complement. Group-limited routing (DeepSeek-V3 sec. 2.1.2: 8 groups, 4 per token, "each
+    token will be sent to at most M nodes") picks ``g`` of ``G`` groups first and its experts
+    among theirs: with ``G/N`` whole groups per node, a node is hit when some of its groups
+    are picked and a chosen expert falls in them; with a group spread over ``N/G`` nodes,
+    when its group is picked and an expert falls on the node. Other layouts are counted as
+    plain top-k."""
+    if nodes <= 1:
+        return 0.0
+    e, k = model.num_experts, model.moe_top_k
+    groups, pick = model.moe_router_groups, model.moe_router_group_topk
+    if groups is None or pick is None or (groups % nodes and nodes % groups):
+        return (nodes - 1) * (1.0 - comb(e - e // nodes, k) / comb(e, k))
+    per_group = e // groups
+    pool = pick * per_group  # experts a token chooses from once its groups are picked
+    if groups % nodes == 0:
+        q = groups // nodes  # whole groups per node
+        hit = sum(comb(q, i) * comb(groups - q, pick - i) / comb(groups, pick)
+                  * (1.0 - comb(pool - i * per_group, k) / comb(pool, k))
+                  for i in range(1, min(q, pick) + 1))
+    else:
+        hit = pick / groups * (1.0 - comb(pool - e // nodes, k) / comb(pool, k))
+    return (nodes - 1) * hit

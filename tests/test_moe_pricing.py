@@ -1,0 +1,160 @@
+"""MoE pricing against hand-worked and published numbers: which tokens a rank routes under
+TP, the all-to-all over a rail-optimised fabric, the node-deduplicated dispatcher, group-
+limited routing, all-to-all overlap, routing imbalance and fp8 activation memory."""
+
+from __future__ import annotations
+
+from math import comb
+
+import pytest
+
+from paraplan.simulator import collectives as coll
+from paraplan.simulator import moe
+from paraplan.simulator.compute import Device
+from paraplan.simulator.layer import compose_layer_cost, layer_parts
+from paraplan.simulator.memory import layer_activation_bytes
+from paraplan.specs.loaders import load_cluster, load_model, load_trainer
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import trainer_reasons
+from paraplan.specs.training import TrainingSpec
+
+# Megatron Core MoE report (arXiv 2603.07685) Table 7: DeepSeek-V3 shapes (hidden 7168,
+# 4096 tokens per rank, 256 experts, top-8, bf16), H100 DGX nodes, one all-to-all, seconds.
+NCCL_EP64_DISPATCH_S = 9164e-6
+NCCL_EP16_COMBINE_S = 5774e-6
+HYBRIDEP_EP64_DISPATCH_S = 4626e-6
+HYBRIDEP_EP16_COMBINE_S = 1485e-6
+
+
+def _dsv3_copies_bytes() -> float:
+    return 4096 * 8 * 7168 * 2.0  # T k h, bf16
+
+
+def test_dispatch_tokens_are_the_sequence_parallel_shard() -> None:
+    model = load_model("qwen3-235b-a22b")
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, moe_load_imbalance=1.0)
+    one = ParallelPlan(tp=1, ep=32, etp=1)
+    two = ParallelPlan(tp=2, ep=32, etp=1, sequence_parallel=True)
+    assert moe.dispatch_tokens(training, one) == 4096
+    assert moe.dispatch_tokens(training, two) == 2048  # [s/tp, b, h] enters the MoE layer
+    # 32 ranks x 2048 tokens x 8 copies over 128 experts.
+    assert moe.expert_rows(model, training, two) == 32 * 2048 * 8 / 128
+    # Expert TP = TP: the ETP group gathers its members' tokens back to s per expert row set.
+    folded = ParallelPlan(tp=2, ep=32, sequence_parallel=True)  # etp defaults to tp
+    assert moe.expert_rows(model, training, folded) == 2 * 32 * 2048 * 8 / 128
+    assert moe.dispatch_bytes(model, training, two) == 2048 * 8 * 4096 * 2
+
+
+@pytest.mark.parametrize(("nodes", "kind", "published"), [
+    (8, "dispatch", NCCL_EP64_DISPATCH_S), (2, "combine", NCCL_EP16_COMBINE_S)])
+def test_nccl_all_to_all_across_nodes_matches_table_7(nodes: int, kind: str,
+                                                      published: float) -> None:
+    cluster = load_cluster("dgx-h100", nodes)
+    group = tuple(range(8 * nodes))
+    t = coll.group_collective(cluster.topology, group, "all_to_all", _dsv3_copies_bytes())
+    # Hand-worked: the (n - 8)/n cross-node share leaves through the GPU's own 400 Gb/s NIC
+    # at the link's 0.9 efficiency, plus one IB latency.
+    n = 8 * nodes
+    assert t == pytest.approx((n - 8) / n * _dsv3_copies_bytes() / 45e9 + 20e-6, rel=1e-9)
+    assert t == pytest.approx(published, rel=0.12)
+
+
+def test_ring_pooling_of_nics_does_not_apply_to_all_to_all() -> None:
+    """A ring collective pools the node's NICs; an all-to-all cannot."""
+    topo = load_cluster("dgx-h100", 4).topology
+    group = tuple(range(32))
+    a2a = coll.group_collective(topo, group, "all_to_all", 1e9)
+    gather = coll.group_collective(topo, group, "all_gather", 1e9)
+    assert a2a > 2 * gather
+
+
+@pytest.mark.parametrize(("nodes", "published"), [
+    (8, HYBRIDEP_EP64_DISPATCH_S), (2, HYBRIDEP_EP16_COMBINE_S)])
+def test_hierarchical_dispatch_matches_table_7(nodes: int, published: float) -> None:
+    model = load_model("deepseek-v3")
+    topo = load_cluster("dgx-h100", nodes).topology
+    remote = 4096 * 7168 * 2.0 * moe.remote_nodes_per_token(model, nodes)
+    t = coll.forwarded_all_to_all(topo, tuple(range(8 * nodes)), remote, _dsv3_copies_bytes())
+    # HybridEP's extra device-to-device copy (10-20% of its time, Megatron-LM DeepSeek-V3
+    # GB200 notes) is not priced: paraplan stays within 20% below the measurement.
+    assert 0.8 * published < t <= published
+
+
+def test_remote_nodes_by_hand() -> None:
+    model = load_model("deepseek-v3")  # 256 experts, top-8, 8 groups, 4 per token
+    plain = model.model_copy(update={"moe_router_groups": None, "moe_router_group_topk": None})
+    assert moe.remote_nodes_per_token(plain, 1) == 0.0
+    assert moe.remote_nodes_per_token(plain, 4) == pytest.approx(
+        3 * (1 - comb(192, 8) / comb(256, 8)))
+    # One group per node (8 nodes): a node is hit when its group is among the 4 and one of
+    # the 8 experts drawn from the 4 x 32 lands in it; at most 4 nodes in all.
+    grouped = moe.remote_nodes_per_token(model, 8)
+    assert grouped == pytest.approx(7 * 4 / 8 * (1 - comb(96, 8) / comb(128, 8)))
+    assert grouped < 4 < moe.remote_nodes_per_token(plain, 8)
+
+
+def _parts(training: TrainingSpec, plan: ParallelPlan, nodes: int = 4):
+    model = load_model("deepseek-v3")
+    cluster = load_cluster("dgx-h100", nodes)
+    device = Device.of_training(cluster.gpu, training)
+    return layer_parts(model, cluster.topology, training, plan, device, moe=True)
+
+
+def test_hierarchical_dispatcher_is_cheaper_across_nodes() -> None:
+    plan = ParallelPlan(tp=1, ep=32, etp=1)
+    base = TrainingSpec(global_batch_size=64, seq_len=4096, moe_load_imbalance=1.0)
+    nccl = _parts(base, plan).ep_s
+    dedup = _parts(base.model_copy(update={"moe_dispatcher": "hierarchical"}), plan).ep_s
+    assert dedup < 0.5 * nccl
+
+
+def test_a2a_overlap_hides_what_compute_covers() -> None:
+    plan = ParallelPlan(tp=1, ep=32, etp=1)
+    base = TrainingSpec(global_batch_size=64, seq_len=4096, moe_load_imbalance=1.0)
+    parts = _parts(base.model_copy(update={"moe_a2a_overlap": True}), plan)
+    exposed = compose_layer_cost(parts, "none")
+    lt = parts.times
+    comm, cover = 2 * parts.ep_s, lt.forward_s + lt.backward_s
+    expected = max(0.0, comm - cover) + min(comm, cover) * parts.ep_overlap_slowdown
+    assert exposed.ep == pytest.approx(expected)
+    assert exposed.ep < compose_layer_cost(_parts(base, plan), "none").ep
+    # Megatron refuses the overlap under full recomputation: priced exposed there.
+    assert compose_layer_cost(parts, "full").ep == pytest.approx(3 * parts.ep_s)
+
+
+def test_imbalance_scales_the_busiest_rank() -> None:
+    plan = ParallelPlan(tp=1, ep=32, etp=1)
+    even = TrainingSpec(global_batch_size=64, seq_len=4096, moe_load_imbalance=1.0)
+    skew = even.model_copy(update={"moe_load_imbalance": 1.5})
+    model = load_model("deepseek-v3")
+    assert moe.expert_rows(model, skew, plan) == 1.5 * moe.expert_rows(model, even, plan)
+    assert _parts(skew, plan).times.gemm_fwd_s > _parts(even, plan).times.gemm_fwd_s
+    # A capacity factor caps the load at c times the mean, imbalance or not.
+    capped = plan.model_copy(update={"moe_capacity_factor": 1.0})
+    assert moe.expert_rows(model, skew, capped) == moe.expert_rows(model, even, plan)
+    assert TrainingSpec(global_batch_size=1, seq_len=8).moe_load_imbalance == 1.3
+
+
+def test_fp8_keeps_linear_inputs_in_one_byte() -> None:
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(tp=1)
+    bf16 = TrainingSpec(global_batch_size=8, seq_len=4096, precision="bf16")
+    fp8 = bf16.model_copy(update={"precision": "fp8"})
+    h, f, s = 4096, 14336, 4096
+    saved = layer_activation_bytes(model, bf16, plan, 1, moe=False) - \
+        layer_activation_bytes(model, fp8, plan, 1, moe=False)
+    # QKV and MLP inputs (1 B each of 2) and the down projection's input (1 B of 2 per ffn
+    # element) are halved; the attention output is kept again in fp8 for the projection.
+    assert saved == pytest.approx(s * (h + h + f - h))
+
+
+def test_trainer_refuses_what_it_cannot_run() -> None:
+    model = load_model("deepseek-v3")
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, moe_dispatcher="hierarchical",
+                            moe_a2a_overlap=True)
+    plan = ParallelPlan(tp=1, pp=4, ep=8, etp=1, recompute="full")
+    megatron = trainer_reasons(load_trainer("megatron-core"), model, training, plan)
+    assert any("full recomputation" in r for r in megatron)
+    assert any("interleaved" in r for r in megatron)
+    titan = trainer_reasons(load_trainer("torchtitan"), model, training, plan)
+    assert any("hierarchical MoE token dispatcher" in r for r in titan)
