@@ -98,8 +98,21 @@ def test_megatron_export_of_deepseek_and_maverick():
     text = export_text("megatron", ctx)
     for flag in ("--multi-latent-attention", "--q-lora-rank 1536", "--kv-lora-rank 512",
                  "--qk-head-dim 128", "--qk-pos-emb-head-dim 64", "--v-head-dim 128",
-                 "--mtp-num-layers 1", "--moe-shared-expert-intermediate-size 2048"):
+                 "--mtp-num-layers 1", "--moe-shared-expert-intermediate-size 2048",
+                 "--moe-router-num-groups 8", "--moe-router-group-topk 4",
+                 "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"):
         assert flag in text
+    assert "--overlap-moe-expert-parallel-comm" not in text  # the profile's default: off
+    overlapped = tr.model_copy(update={"moe_dispatcher": "hierarchical",
+                                        "moe_a2a_overlap": True})
+    with pytest.raises(Exception, match="vpp > 1"):  # Megatron asserts it
+        export_text("megatron", export_context(ds, overlapped, plan, cluster=cl))
+    flex = export_text("megatron", export_context(
+        ds, overlapped, parse_plan("tp=1,pp=1,ep=16,etp=1,mbs=1,zero=1"),
+        cluster=load_cluster("dgx-h100", nodes=2)))
+    for flag in ("--moe-token-dispatcher-type flex", "--moe-enable-deepep",
+                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
+        assert flag in flex
     layout = next(line for line in text.splitlines() if "--pipeline-model-parallel-layout" in line)
     value = layout.split()[-1]
     assert value.endswith("mL") and value.count("t") == 61

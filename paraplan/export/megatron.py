@@ -131,6 +131,9 @@ def _architecture(ctx: ExportContext) -> list[str]:
             out.append("--moe-layer-freq " + str(pattern).replace(" ", ""))
         if m.num_mtp_layers:
             out.append(f"--mtp-num-layers {m.num_mtp_layers}")
+        if m.moe_router_groups:  # group-limited routing (core_v0.15.3 arguments.py L3098)
+            out += [f"--moe-router-num-groups {m.moe_router_groups}",
+                    f"--moe-router-group-topk {m.moe_router_group_topk}"]
         # Grouped expert GEMMs and fused permutation, as the simulator prices them; the
         # dispatcher the training spec names (Megatron's own default is allgather).
         out += ["--moe-grouped-gemm", "--moe-permute-fusion"]
@@ -139,6 +142,13 @@ def _architecture(ctx: ExportContext) -> list[str]:
         else:
             out.append("--moe-token-dispatcher-type alltoall")
         if ctx.training.moe_a2a_overlap and ctx.plan.ep > 1:
+            # transformer_config.py (core_v0.15.3 L1441-1470) asserts these.
+            if ctx.plan.recompute == "full":
+                raise refuse("training.moe_a2a_overlap", True, TRAINER,
+                             "the all-to-all overlap needs recompute other than full")
+            if ctx.plan.pp > 1 and ctx.plan.virtual_stages == 1:
+                raise refuse("training.moe_a2a_overlap", True, TRAINER,
+                             "the all-to-all overlap needs vpp > 1 when pp > 1")
             out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         cf = ctx.plan.moe_capacity_factor
         if cf is not None:
