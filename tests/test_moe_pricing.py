@@ -158,3 +158,19 @@ def test_trainer_refuses_what_it_cannot_run() -> None:
     assert any("interleaved" in r for r in megatron)
     titan = trainer_reasons(load_trainer("torchtitan"), model, training, plan)
     assert any("hierarchical MoE token dispatcher" in r for r in titan)
+
+
+def test_gb200_rows_run_in_64_gpu_nvlink_domains() -> None:
+    from paraplan.validate.published import load_published_throughput
+
+    rows = [c for c in load_published_throughput()
+            if c.source_id == "megatron_bridge_moe" and c.cluster is not None
+            and c.cluster.gpu.name == "gb200"]
+    assert len(rows) == 4
+    for case in rows:
+        group = case.cluster.node_groups[0]
+        assert group.gpus_per_node == min(64, case.num_gpus)
+        if group.num_nodes > 1:
+            assert group.nics_per_node == group.gpus_per_node  # one ConnectX-7 per GPU
+        assert case.cluster.num_gpus == case.num_gpus
+        assert case.training.moe_load_imbalance == 1.0  # forced balance, as NVIDIA runs them

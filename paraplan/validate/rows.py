@@ -172,7 +172,9 @@ def _cluster_kind(row: dict[str, Any], s: _Specs) -> str:
         return "hgx-h200"
     if "h800" in low:
         return "dgx-h800"
-    if "b200" in low and "gb200" not in low:
+    if "gb200" in low:
+        return "gb200-nvl72"
+    if "b200" in low:
         return "dgx-b200"
     if "h100" in low:
         # Grand Teton (torchtitan): 400 Gb/s RDMA per GPU; Meta trains on Grand Teton over RoCE
@@ -196,6 +198,12 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
     group = cluster.node_groups[0]
     gpn = int_cell(row, "gpus_per_node") or group.gpus_per_node
     nodes = max(1, math.ceil(num_gpus / gpn))
+    if gpn != group.gpus_per_node:
+        # A scale-up domain the row states (DGX-GB200 runs use 64 of a rack's 72 GPUs as one
+        # NVLink domain), with the preset's NICs per GPU.
+        nics = max(1, round(group.nics_per_node * gpn / group.gpus_per_node))
+        group = group.model_copy(update={"gpus_per_node": gpn, "nics_per_node": nics})
+        s.notes.append(f"{gpn} GPUs per scale-up domain (the row's)")
     group = group.model_copy(update={"num_nodes": nodes})
     if "hbm2e" in cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
         # Grand Teton H100s carry HBM2e (2.41 TB/s), not the SXM5's HBM3 (3.35 TB/s).
