@@ -80,8 +80,11 @@ def test_hf_import_refuses_layouts_it_cannot_express():
 
 def test_trainers_refuse_features_their_model_code_lacks():
     tr = TrainingSpec(global_batch_size=64, seq_len=4096)
-    with pytest.raises(SpecError, match="attention_sinks, sliding_window"):
-        search(load_model("gpt-oss-20b"), load_cluster("dgx-h100", nodes=1), tr,
+    sinks = load_model("llama3-8b").model_copy(update={"attention_sinks": True})
+    with pytest.raises(SpecError, match="attention_sinks"):
+        search(sinks, load_cluster("dgx-h100", nodes=1), tr, trainer="deepspeed")
+    with pytest.raises(SpecError, match="mtp"):  # torchtitan's deepseek_v3 has no MTP
+        search(load_model("deepseek-v3"), load_cluster("dgx-h100", nodes=32), tr,
                trainer="torchtitan")
     rep = simulate(load_model("llama4-scout"), load_cluster("dgx-h100", nodes=8), tr,
                    parse_plan("tp=8,pp=1,ep=8,etp=1,mbs=1,sp=1"), trainer="megatron-core")
@@ -145,3 +148,18 @@ def test_new_hardware_presets_price_a_plan(cluster):
                                                              seq_len=4096),
                    parse_plan(f"tp=2,pp=1,mbs=1,sp=1,dp={cl.num_gpus // 2}"))
     assert rep.feasible and rep.step_time_s > 0
+
+
+def test_torchtitan_export_names_its_model_flavor():
+    from paraplan.export.torchtitan import flavor_of
+
+    assert flavor_of(load_model("qwen3-235b-a22b")) == ("qwen3", "235B-A22B")
+    assert flavor_of(load_model("gpt-oss-120b")) == ("gpt_oss", "120b")
+    assert flavor_of(load_model("llama4-maverick")) == ("llama4", "17bx128e")
+    assert flavor_of(load_model("llama3-70b")) == ("llama3", "70B")
+    assert flavor_of(load_model("mixtral-8x7b")) is None  # not one of torchtitan's models
+    tr = TrainingSpec(global_batch_size=64, seq_len=4096)
+    ctx = export_context(load_model("gpt-oss-20b"), tr, parse_plan("tp=1,ep=8,zero=3,mbs=1"),
+                         cluster=load_cluster("dgx-h100", nodes=1))
+    text = export_text("torchtitan", ctx)
+    assert '[model]\nname = "gpt_oss"\nflavor = "20b"' in text

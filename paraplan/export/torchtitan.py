@@ -2,8 +2,9 @@
 
 Tables and keys are those of ``torchtitan/config/job_config.py`` at v0.2.2 (recorded in
 ``tests/data/trainer_keys/torchtitan_v0.2.txt``): ``[training]``, ``[parallelism]``,
-``[activation_checkpoint]``. The file holds what the plan decides; merge it into a base
-config (model name and flavor, optimizer, data) such as
+``[activation_checkpoint]``, and ``[model]`` name and flavor when the model has the shape of
+one of torchtitan's (``FLAVORS``). The file holds what the plan decides; merge it into a base
+config (optimizer, data, and the model for any other shape) such as
 ``torchtitan/models/llama3/train_configs/llama3_70b.toml``.
 
 Mapping (torchtitan v0.2.2 semantics):
@@ -29,10 +30,33 @@ import json
 from typing import Any
 
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
+from paraplan.specs.model import ModelSpec
 
 TRAINER = "torchtitan"
 VERSION = "v0.2.2"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+
+
+# torchtitan v0.2.2 model flavors (torchtitan/models/<name>/__init__.py): (name, flavor) by
+# (layers, hidden size, routed experts). A model that matches one gets a [model] table; any
+# other needs a base config of the user's.
+FLAVORS: dict[tuple[int, int, int], tuple[str, str]] = {
+    (32, 4096, 0): ("llama3", "8B"), (80, 8192, 0): ("llama3", "70B"),
+    (126, 16384, 0): ("llama3", "405B"),
+    (27, 2048, 64): ("deepseek_v3", "16B"), (60, 5120, 160): ("deepseek_v3", "236B"),
+    (61, 7168, 256): ("deepseek_v3", "671B"),
+    (28, 1024, 0): ("qwen3", "0.6B"), (28, 2048, 0): ("qwen3", "1.7B"),
+    (36, 2560, 0): ("qwen3", "4B"), (36, 4096, 0): ("qwen3", "8B"),
+    (40, 5120, 0): ("qwen3", "14B"), (64, 5120, 0): ("qwen3", "32B"),
+    (48, 2048, 128): ("qwen3", "30B-A3B"), (94, 4096, 128): ("qwen3", "235B-A22B"),
+    (48, 5120, 16): ("llama4", "17bx16e"), (48, 5120, 128): ("llama4", "17bx128e"),
+    (24, 2880, 32): ("gpt_oss", "20b"), (36, 2880, 128): ("gpt_oss", "120b"),
+}
+
+
+def flavor_of(model: ModelSpec) -> tuple[str, str] | None:
+    """torchtitan's (model name, flavor) for ``model``, when its shape is one of v0.2.2's."""
+    return FLAVORS.get((model.num_layers, model.hidden_size, model.num_experts))
 
 
 def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
@@ -77,7 +101,11 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     ac: dict[str, Any] = {"mode": {"none": "none", "full": "full", "op": "selective"}[p.recompute]}
     if p.recompute == "op":
         ac["selective_ac_option"] = "op"
-    return {"training": training, "parallelism": par, "activation_checkpoint": ac}
+    tables: dict[str, dict[str, Any]] = {}
+    flavor = flavor_of(m)
+    if flavor is not None:
+        tables["model"] = {"name": flavor[0], "flavor": flavor[1]}
+    return {**tables, "training": training, "parallelism": par, "activation_checkpoint": ac}
 
 
 def _check(ctx: ExportContext) -> None:
