@@ -73,8 +73,10 @@ def test_ring_pooling_of_nics_does_not_apply_to_all_to_all() -> None:
 def test_hierarchical_dispatch_matches_table_7(nodes: int, published: float) -> None:
     model = load_model("deepseek-v3")
     topo = load_cluster("dgx-h100", nodes).topology
-    remote = 4096 * 7168 * 2.0 * moe.remote_nodes_per_token(model, nodes)
-    t = coll.forwarded_all_to_all(topo, tuple(range(8 * nodes)), remote, _dsv3_copies_bytes())
+    token = 4096 * 7168 * 2.0
+    remote = token * moe.other_groups_hit(model, nodes)
+    local = token * moe.other_groups_hit(model, 8 * nodes)  # one copy per other rank hit
+    t = coll.forwarded_all_to_all(topo, tuple(range(8 * nodes)), remote, local)
     # HybridEP's extra device-to-device copy (10-20% of its time, Megatron-LM DeepSeek-V3
     # GB200 notes) is not priced: paraplan stays within 20% below the measurement.
     assert 0.8 * published < t <= published
@@ -83,14 +85,14 @@ def test_hierarchical_dispatch_matches_table_7(nodes: int, published: float) -> 
 def test_remote_nodes_by_hand() -> None:
     model = load_model("deepseek-v3")  # 256 experts, top-8, 8 groups, 4 per token
     plain = model.model_copy(update={"moe_router_groups": None, "moe_router_group_topk": None})
-    assert moe.remote_nodes_per_token(plain, 1) == 0.0
-    assert moe.remote_nodes_per_token(plain, 4) == pytest.approx(
+    assert moe.other_groups_hit(plain, 1) == 0.0
+    assert moe.other_groups_hit(plain, 4) == pytest.approx(
         3 * (1 - comb(192, 8) / comb(256, 8)))
     # One group per node (8 nodes): a node is hit when its group is among the 4 and one of
     # the 8 experts drawn from the 4 x 32 lands in it; at most 4 nodes in all.
-    grouped = moe.remote_nodes_per_token(model, 8)
+    grouped = moe.other_groups_hit(model, 8)
     assert grouped == pytest.approx(7 * 4 / 8 * (1 - comb(96, 8) / comb(128, 8)))
-    assert grouped < 4 < moe.remote_nodes_per_token(plain, 8)
+    assert grouped < 4 < moe.other_groups_hit(plain, 8)
 
 
 def _parts(training: TrainingSpec, plan: ParallelPlan, nodes: int = 4):
@@ -174,3 +176,56 @@ def test_gb200_rows_run_in_64_gpu_nvlink_domains() -> None:
             assert group.nics_per_node == group.gpus_per_node  # one ConnectX-7 per GPU
         assert case.cluster.num_gpus == case.num_gpus
         assert case.training.moe_load_imbalance == 1.0  # forced balance, as NVIDIA runs them
+
+
+# Megatron-LM's own per-layer MoE benchmark (tests/functional_tests/test_cases/common/moe_perf:
+# test_cases.py and baseline.json @d98e8a64dd): one MoE layer on 8 H100 of a node, EP8,
+# 4096 tokens per rank, bf16, forced balance, fused permute and router; milliseconds.
+MOE_PERF_H100 = {  # (proxy, dispatcher): (forward ms, backward ms)
+    ("mixtral", "alltoall"): (4.327, 7.684),
+    ("deepseek", "alltoall"): (7.119, 10.483),
+    ("deepseek", "hierarchical"): (5.391, 8.795),  # HybridEP
+}
+
+
+def _moe_perf_proxy(name: str):
+    from paraplan.specs.model import ModelSpec
+
+    if name == "mixtral":
+        return ModelSpec(name="mixtral-proxy", num_layers=1, hidden_size=4096,
+                         num_attention_heads=8, ffn_hidden_size=14336, vocab_size=32000,
+                         num_experts=8, moe_top_k=2)
+    return ModelSpec(name="deepseek-proxy", num_layers=1, hidden_size=7168,
+                     num_attention_heads=8, ffn_hidden_size=2048, vocab_size=32000,
+                     num_experts=32, moe_top_k=8, moe_ffn_hidden_size=2048,
+                     num_shared_experts=1, moe_router_groups=8, moe_router_group_topk=4)
+
+
+@pytest.mark.parametrize(("proxy", "dispatcher"), sorted(MOE_PERF_H100))
+def test_one_moe_layer_matches_megatron_moe_perf(proxy: str, dispatcher: str) -> None:
+    """The MoE block alone (GEMMs, its memory-bound routing and activation, the two
+    all-to-alls) against Megatron's measured layer. The harness hides the router's launch
+    overhead behind a dummy GEMM, so this is mostly GPU time; paraplan is 8-27% too fast on
+    it (README, "MoE runs"): held within 30%, and never slower than measured."""
+    from paraplan.simulator.compute import elementwise_bytes_per_token, mlp_gemm_time
+
+    model = _moe_perf_proxy(proxy)
+    cluster = load_cluster("dgx-h100", 1)
+    training = TrainingSpec(global_batch_size=8, seq_len=4096, moe_load_imbalance=1.0,
+                            moe_dispatcher=dispatcher)
+    plan = ParallelPlan(tp=1, ep=8, etp=1)
+    device = Device.of_training(cluster.gpu, training)
+    gemm = mlp_gemm_time(model, training, plan, device, moe=True)
+    # The MoE block's own memory traffic: the layer's minus the attention half's (norms,
+    # residual adds and rotary are counted the same on a dense layer without its MLP act).
+    dense_only = elementwise_bytes_per_token(
+        model.model_copy(update={"num_experts": 0, "moe_top_k": 0, "num_shared_experts": 0,
+                                 "moe_router_groups": None, "moe_router_group_topk": None,
+                                 "ffn_hidden_size": 1}), training, plan, moe=False)
+    moe_bytes = elementwise_bytes_per_token(model, training, plan, moe=True) - dense_only
+    elementwise = 4096 * moe_bytes / device.memory_Bps
+    a2a = layer_parts(model, cluster.topology, training, plan, device, moe=True).ep_s
+    fwd, bwd = gemm + elementwise + a2a, 2 * gemm + 2 * elementwise + a2a
+    want_fwd, want_bwd = MOE_PERF_H100[(proxy, dispatcher)]
+    assert 0.7 * want_fwd <= fwd * 1e3 <= want_fwd
+    assert 0.7 * want_bwd <= bwd * 1e3 <= want_bwd

@@ -215,31 +215,13 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     """
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    h = model.hidden_size
     att = model.attention
-    gate = 2 if model.mlp_matrices == 3 else 1
 
     proj = 0.0
     for projection in att.projections:  # QKV + O; MLA's replicated down projection whole
         k, n = projection.per_rank(t)
         proj += gemm_time(device, tokens, n, k)
-    if moe:
-        etp = plan.expert_tp
-        ffn = model.expert_ffn / etp
-        experts_here = max(1, model.num_experts // plan.ep)
-        routed = routing.expert_rows(model, training, plan)  # rows per local expert
-        per_expert = gemm_time(device, routed, gate * ffn, h) + gemm_time(device, routed, h, ffn)
-        # The router scores the rank's dispatched tokens; shared experts run as a TP-split
-        # dense MLP on all the layer's tokens (Megatron-Core SharedExpertMLP).
-        mlp = experts_here * per_expert + gemm_time(device, routing.dispatch_tokens(training, plan),
-                                                    model.num_experts, h)
-        if model.num_shared_experts:
-            shared = model.num_shared_experts * model.expert_ffn / t
-            mlp += gemm_time(device, tokens, gate * shared, h) + gemm_time(device, tokens, h,
-                                                                           shared)
-    else:
-        ffn = model.ffn_hidden_size / t
-        mlp = gemm_time(device, tokens, gate * ffn, h) + gemm_time(device, tokens, h, ffn)
+    mlp = mlp_gemm_time(model, training, plan, device, moe=moe)
 
     # Attention scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip
     # the masked half; without flash the s x s scores are materialised (memory-bound softmax).
@@ -277,6 +259,35 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
     backward += grad_accumulation_time(model, training, plan, device, moe=moe)
     return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead)
+
+
+def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
+                  *, moe: bool) -> float:
+    """Forward GEMM seconds of one layer's MLP, one micro-batch, one rank: the TP-split dense
+    MLP, or the MoE block (the router on the rank's dispatched tokens, every local expert's
+    two (three) matrices on its routed rows, the shared experts as a TP-split MLP)."""
+    t = plan.tp
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    h = model.hidden_size
+    gate = 2 if model.mlp_matrices == 3 else 1
+    if moe:
+        etp = plan.expert_tp
+        ffn = model.expert_ffn / etp
+        experts_here = max(1, model.num_experts // plan.ep)
+        routed = routing.expert_rows(model, training, plan)  # rows per local expert
+        per_expert = gemm_time(device, routed, gate * ffn, h) + gemm_time(device, routed, h, ffn)
+        # The router scores the rank's dispatched tokens; shared experts run as a TP-split
+        # dense MLP on all the layer's tokens (Megatron-Core SharedExpertMLP).
+        router = gemm_time(device, routing.dispatch_tokens(training, plan), model.num_experts, h)
+        mlp = experts_here * per_expert + router
+        if model.num_shared_experts:
+            shared = model.num_shared_experts * model.expert_ffn / t
+            mlp += gemm_time(device, tokens, gate * shared, h) + gemm_time(device, tokens, h,
+                                                                           shared)
+    else:
+        ffn = model.ffn_hidden_size / t
+        mlp = gemm_time(device, tokens, gate * ffn, h) + gemm_time(device, tokens, h, ffn)
+    return mlp
 
 
 def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

@@ -124,10 +124,13 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         etp = plan.expert_tp
         ep_group = on(tuple(etp * j for j in range(plan.ep)))
         nodes = len({int(topo.node_of_gpu[g]) for g in ep_group})
-        if training.moe_dispatcher == "hierarchical" and nodes > 1:
-            # One copy of a token per remote node it is routed to, forwarded over NVLink.
-            remote = (a2a / model.moe_top_k) * routing.remote_nodes_per_token(model, nodes)
-            ep_c = 2 * coll.forwarded_all_to_all(topo, ep_group, remote, a2a)
+        if training.moe_dispatcher == "hierarchical":
+            # DeepEP/HybridEP send a token once to each other rank it is routed to (not once
+            # per expert), and across nodes once per remote node, forwarded over NVLink there.
+            token = a2a / model.moe_top_k
+            remote = token * routing.other_groups_hit(model, nodes)
+            local = token * routing.other_groups_hit(model, plan.ep)
+            ep_c = 2 * coll.forwarded_all_to_all(topo, ep_group, remote, local)
         else:
             ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a)
         if etp > 1:

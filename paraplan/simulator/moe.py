@@ -74,34 +74,34 @@ def dispatch_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan)
             * training.compute_bytes * load_factor(training, plan))
 
 
-def remote_nodes_per_token(model: ModelSpec, nodes: int) -> float:
-    """Expected number of other nodes a token's top-k experts sit on, when the ``E`` experts
-    are laid out in order over the ``nodes`` nodes of the expert-parallel group and routing is
-    balanced (each token picks k distinct experts uniformly: the forced balance NVIDIA's
-    benchmarks use; Megatron's ``--moe-router-force-load-balancing`` keeps group-limited
-    routing).
+def other_groups_hit(model: ModelSpec, groups: int) -> float:
+    """Expected number of the other ``groups`` a token's top-k experts sit in, when the ``E``
+    experts are laid out in order over ``groups`` equal blocks (the nodes, or the ranks, of
+    the expert-parallel group) and routing is balanced (each token picks k distinct experts
+    uniformly: the forced balance NVIDIA's benchmarks use; Megatron's
+    ``--moe-router-force-load-balancing`` keeps group-limited routing).
 
-    Plain top-k: a node holds ``E/N`` experts and a token misses it with probability
+    Plain top-k: a block holds ``E/N`` experts and a token misses it with probability
     ``C(E - E/N, k) / C(E, k)`` (hypergeometric), so it reaches ``(N - 1)`` times the
     complement. Group-limited routing (DeepSeek-V3 sec. 2.1.2: 8 groups, 4 per token, "each
-    token will be sent to at most M nodes") picks ``g`` of ``G`` groups first and its experts
-    among theirs: with ``G/N`` whole groups per node, a node is hit when some of its groups
-    are picked and a chosen expert falls in them; with a group spread over ``N/G`` nodes,
-    when its group is picked and an expert falls on the node. Other layouts are counted as
-    plain top-k."""
-    if nodes <= 1:
+    token will be sent to at most M nodes") picks ``g`` of ``G`` router groups first and its
+    experts among theirs: with ``G/N`` whole router groups per block, a block is hit when
+    some of its router groups are picked and a chosen expert falls in them; with a router
+    group spread over ``N/G`` blocks, when its group is picked and an expert falls in the
+    block. Other layouts are counted as plain top-k."""
+    if groups <= 1:
         return 0.0
     e, k = model.num_experts, model.moe_top_k
-    groups, pick = model.moe_router_groups, model.moe_router_group_topk
-    if groups is None or pick is None or (groups % nodes and nodes % groups):
-        return (nodes - 1) * (1.0 - comb(e - e // nodes, k) / comb(e, k))
-    per_group = e // groups
+    rgroups, pick = model.moe_router_groups, model.moe_router_group_topk
+    if rgroups is None or pick is None or (rgroups % groups and groups % rgroups):
+        return (groups - 1) * (1.0 - comb(e - e // groups, k) / comb(e, k))
+    per_group = e // rgroups
     pool = pick * per_group  # experts a token chooses from once its groups are picked
-    if groups % nodes == 0:
-        q = groups // nodes  # whole groups per node
-        hit = sum(comb(q, i) * comb(groups - q, pick - i) / comb(groups, pick)
+    if rgroups % groups == 0:
+        q = rgroups // groups  # whole router groups per block
+        hit = sum(comb(q, i) * comb(rgroups - q, pick - i) / comb(rgroups, pick)
                   * (1.0 - comb(pool - i * per_group, k) / comb(pool, k))
                   for i in range(1, min(q, pick) + 1))
     else:
-        hit = pick / groups * (1.0 - comb(pool - e // nodes, k) / comb(pool, k))
-    return (nodes - 1) * hit
+        hit = pick / rgroups * (1.0 - comb(pool - e // groups, k) / comb(pool, k))
+    return (groups - 1) * hit
