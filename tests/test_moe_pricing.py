@@ -229,3 +229,12 @@ def test_one_moe_layer_matches_megatron_moe_perf(proxy: str, dispatcher: str) ->
     want_fwd, want_bwd = MOE_PERF_H100[(proxy, dispatcher)]
     assert 0.7 * want_fwd <= fwd * 1e3 <= want_fwd
     assert 0.7 * want_bwd <= bwd * 1e3 <= want_bwd
+
+
+@pytest.mark.parametrize(("ep", "published"), [(8, 735e-6), (64, 930e-6)])
+def test_nvl72_all_to_all_matches_table_7(ep: int, published: float) -> None:
+    """NCCL all-to-all inside one GB200 NVL72 rack (the report's Table 7, DeepSeek-V3 shapes):
+    the rack profile's measured all-to-all efficiency puts both sizes within 10%."""
+    topo = load_cluster("gb200-nvl72", 1).topology
+    t = coll.group_collective(topo, tuple(range(ep)), "all_to_all", _dsv3_copies_bytes())
+    assert t == pytest.approx(published, rel=0.10)
