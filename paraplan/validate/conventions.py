@@ -91,7 +91,17 @@ class SourceConvention:
     mfu_peak_tflops: float | None
     """Peak (TFLOP/s) the authors divided by for MFU; None when not re-read."""
     note: str
+    grad_reduce_fp32: bool | None = None
+    """The source's harness sets gradient reduction (and the buffer) away from its trainer's
+    default; None: the trainer profile's."""
 
+
+# NVIDIA's performance harnesses reduce gradients in bf16 (bf16 grad buffer): Megatron-Bridge
+# src/megatron/bridge/perf_recipes/_common.py ("cfg.ddp.grad_reduce_in_fp32 = False"), and
+# NeMo scripts/performance/helpers.py set_precision_configs since the 25.07 scripts
+# (ab020f6a72, 2025-06); the NeMo 24.09/24.11 dgxc hold-out runs predate it, so they keep
+# the trainer's default.
+NVIDIA_PERF_BF16_GRADS = False
 
 SOURCES: dict[str, SourceConvention] = {
     "megatron2021_narayanan": SourceConvention(
@@ -124,7 +134,8 @@ SOURCES: dict[str, SourceConvention] = {
         "megatron-core", True, None, None, None,
         "NVIDIA Megatron-Bridge performance summary (26.04.01 container) and dgxc-benchmarking "
         "DeepSeek-V3: MoE pre-training with routing forced to balance "
-        "(moe_router_force_load_balancing), dropless, grouped GEMM, fused permute"),
+        "(moe_router_force_load_balancing), dropless, grouped GEMM, fused permute",
+        grad_reduce_fp32=NVIDIA_PERF_BF16_GRADS),
     "megascale2024_megatron_baseline": SourceConvention(
         "megatron-core", True, None, None, None,
         "MegaScale Table 2 Megatron-LM baseline (2023 Megatron-LM with FlashAttention and "

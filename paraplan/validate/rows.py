@@ -383,6 +383,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                 explicit["loss_kernels"] = "eager"
                 s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
                                "before 2025-02")
+        if conv is not None and conv.grad_reduce_fp32 is not None:
+            explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
         # paraplan's own MoE rows name the recipe's dispatcher, all-to-all overlap and
         # routing balance (NVIDIA's benchmarks force it: --moe-router-force-load-balancing).
         if cell(row, "moe_dispatcher"):
@@ -392,7 +394,7 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         if cell(row, "moe_load_imbalance"):
             explicit["moe_load_imbalance"] = float(cell(row, "moe_load_imbalance"))
         s.notes.append(f"{explicit.get('kernels', trainer.runs.kernels)} non-GEMM kernels "
-                       f"({'torch.compile' if explicit else trainer.name})")
+                       f"({'torch.compile' if 'kernels' in explicit else trainer.name})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":
             # torchtitan's selective mode defaults to selective_ac_option = "op".
             s.plan = s.plan.model_copy(update={"recompute": "op"})
