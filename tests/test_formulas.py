@@ -145,8 +145,8 @@ def test_op_level_checkpointing_keeps_input_attention_and_half_the_matmuls():
 
     m = load_model("llama3-8b")
     plan = ParallelPlan(recompute="op")
-    assert op_checkpoint_elements(m, plan, moe=False) == 4096 + 4096 + 43008 / 2
     tr = TrainingSpec(global_batch_size=8, seq_len=8192)
+    assert op_checkpoint_elements(m, tr, plan, moe=False) == 4096 + 4096 + 43008 / 2
     assert layer_activation_bytes(m, tr, plan, 1, moe=False) == 8192 * 29696 * 2
     # Hardware FLOPs: half of every layer's matmul FLOPs run again.
     from paraplan.simulator.flops import layer_forward_flops

@@ -155,9 +155,12 @@ def test_torchtitan_export_names_its_model_flavor():
 
     assert flavor_of(load_model("qwen3-235b-a22b")) == ("qwen3", "235B-A22B")
     assert flavor_of(load_model("gpt-oss-120b")) == ("gpt_oss", "120b")
-    assert flavor_of(load_model("llama4-maverick")) == ("llama4", "17bx128e")
+    assert flavor_of(load_model("llama4-maverick")) == ("llama4", "17bx128e_irope")
     assert flavor_of(load_model("llama3-70b")) == ("llama3", "70B")
     assert flavor_of(load_model("mixtral-8x7b")) is None  # not one of torchtitan's models
+    # Same layers and width as Llama 3 8B / 70B, another vocabulary, FFN or heads: no flavor.
+    for other in ("llama2-7b", "mistral-7b", "llama2-70b", "llama2-13b"):
+        assert flavor_of(load_model(other)) is None
     tr = TrainingSpec(global_batch_size=64, seq_len=4096)
     ctx = export_context(load_model("gpt-oss-20b"), tr, parse_plan("tp=1,ep=8,zero=3,mbs=1"),
                          cluster=load_cluster("dgx-h100", nodes=1))

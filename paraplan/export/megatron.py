@@ -137,18 +137,25 @@ def _architecture(ctx: ExportContext) -> list[str]:
         # Grouped expert GEMMs and fused permutation, as the simulator prices them; the
         # dispatcher the training spec names (Megatron's own default is allgather).
         out += ["--moe-grouped-gemm", "--moe-permute-fusion"]
-        if ctx.training.moe_dispatcher == "hierarchical":
+        p, t = ctx.plan, ctx.training
+        # The flex dispatcher needs TP x EP > 1 and no padding to capacity
+        # (transformer_config.py core_v0.15.3 L823-831; token_dispatcher.py).
+        if t.moe_dispatcher == "hierarchical" and p.ep * p.expert_tp > 1:
+            if p.moe_capacity_factor is not None:
+                raise refuse("training.moe_dispatcher", "hierarchical", TRAINER,
+                             "DeepEP (flex) drops no tokens: leave moe_capacity_factor unset")
             out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
         else:
             out.append("--moe-token-dispatcher-type alltoall")
-        if ctx.training.moe_a2a_overlap and ctx.plan.ep > 1:
-            # transformer_config.py (core_v0.15.3 L1441-1470) asserts these.
-            if ctx.plan.recompute == "full":
+        if t.moe_a2a_overlap and p.ep > 1:
+            # transformer_config.py (core_v0.15.3 L1441-1480) asserts these.
+            why = ("recompute other than full" if p.recompute == "full"
+                   else "vpp > 1 when pp > 1" if p.pp > 1 and p.virtual_stages == 1
+                   else "bf16 or fp16 weights" if t.precision == "fp32"
+                   else "at most one MTP layer" if m.num_mtp_layers > 1 else None)
+            if why is not None:
                 raise refuse("training.moe_a2a_overlap", True, TRAINER,
-                             "the all-to-all overlap needs recompute other than full")
-            if ctx.plan.pp > 1 and ctx.plan.virtual_stages == 1:
-                raise refuse("training.moe_a2a_overlap", True, TRAINER,
-                             "the all-to-all overlap needs vpp > 1 when pp > 1")
+                             f"the all-to-all overlap needs {why}")
             out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         cf = ctx.plan.moe_capacity_factor
         if cf is not None:

@@ -2,9 +2,9 @@
 
 Tables and keys are those of ``torchtitan/config/job_config.py`` at v0.2.2 (recorded in
 ``tests/data/trainer_keys/torchtitan_v0.2.txt``): ``[training]``, ``[parallelism]``,
-``[activation_checkpoint]``, and ``[model]`` name and flavor when the model has the shape of
-one of torchtitan's (``FLAVORS``). The file holds what the plan decides; merge it into a base
-config (optimizer, data, and the model for any other shape) such as
+``[activation_checkpoint]``, and ``[model]`` name and flavor when the model is one of
+torchtitan's architectures (``PRESET_FLAVORS``). The file holds what the plan decides; merge
+it into a base config (optimizer, data, and the model for any other shape) such as
 ``torchtitan/models/llama3/train_configs/llama3_70b.toml``.
 
 Mapping (torchtitan v0.2.2 semantics):
@@ -37,26 +37,37 @@ VERSION = "v0.2.2"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
-# torchtitan v0.2.2 model flavors (torchtitan/models/<name>/__init__.py): (name, flavor) by
-# (layers, hidden size, routed experts). A model that matches one gets a [model] table; any
-# other needs a base config of the user's.
-FLAVORS: dict[tuple[int, int, int], tuple[str, str]] = {
-    (32, 4096, 0): ("llama3", "8B"), (80, 8192, 0): ("llama3", "70B"),
-    (126, 16384, 0): ("llama3", "405B"),
-    (27, 2048, 64): ("deepseek_v3", "16B"), (60, 5120, 160): ("deepseek_v3", "236B"),
-    (61, 7168, 256): ("deepseek_v3", "671B"),
-    (28, 1024, 0): ("qwen3", "0.6B"), (28, 2048, 0): ("qwen3", "1.7B"),
-    (36, 2560, 0): ("qwen3", "4B"), (36, 4096, 0): ("qwen3", "8B"),
-    (40, 5120, 0): ("qwen3", "14B"), (64, 5120, 0): ("qwen3", "32B"),
-    (48, 2048, 128): ("qwen3", "30B-A3B"), (94, 4096, 128): ("qwen3", "235B-A22B"),
-    (48, 5120, 16): ("llama4", "17bx16e"), (48, 5120, 128): ("llama4", "17bx128e"),
-    (24, 2880, 32): ("gpt_oss", "20b"), (36, 2880, 128): ("gpt_oss", "120b"),
+# torchtitan v0.2.2 model flavors (torchtitan/models/<name>/__init__.py) that paraplan has as
+# presets with the same architecture: a model whose whole shape (``_shape``) equals one of
+# these presets gets its [model] table; any other needs a base config of the user's. Llama 4's
+# chunked attention is the "_irope" flavors (every_n_layers_nope=4, block-causal flex).
+PRESET_FLAVORS: dict[str, tuple[str, str]] = {
+    "llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+    "llama3-405b": ("llama3", "405B"), "deepseek-v3": ("deepseek_v3", "671B"),
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B"), "qwen3-235b-a22b": ("qwen3", "235B-A22B"),
+    "llama4-scout": ("llama4", "17bx16e_irope"), "llama4-maverick": ("llama4", "17bx128e_irope"),
+    "gpt-oss-20b": ("gpt_oss", "20b"), "gpt-oss-120b": ("gpt_oss", "120b"),
 }
 
 
+def _shape(model: ModelSpec) -> tuple:
+    """Every field that changes the architecture (not its name, sources or published counts)."""
+    skip = {"name", "display_name", "family", "sources", "published_params_b",
+            "published_active_params_b", "published_active_excludes_embedding",
+            "max_position_embeddings"}
+    return tuple(sorted((k, repr(v)) for k, v in model.model_dump().items() if k not in skip))
+
+
 def flavor_of(model: ModelSpec) -> tuple[str, str] | None:
-    """torchtitan's (model name, flavor) for ``model``, when its shape is one of v0.2.2's."""
-    return FLAVORS.get((model.num_layers, model.hidden_size, model.num_experts))
+    """torchtitan's (model name, flavor) for ``model`` when it is one of ``PRESET_FLAVORS``'
+    architectures, field for field; None otherwise."""
+    from paraplan.specs.loaders import load_model
+
+    shape = _shape(model)
+    for preset, flavor in PRESET_FLAVORS.items():
+        if _shape(load_model(preset)) == shape:
+            return flavor
+    return None
 
 
 def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:

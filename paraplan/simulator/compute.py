@@ -170,21 +170,25 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     gated = model.mlp_matrices == 3
     act = (10.0 if eager else 6.0) if gated else 4.0
     rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
-    # Routed copies: etp * T * k rows of width ffn / etp per rank (T = b s / (cp tp)); shared
-    # experts are TP-split: either way ffn / t per copy of each of the b s / cp tokens here.
-    ffn = (model.expert_ffn * (model.moe_top_k + model.num_shared_experts)
-           if moe else model.ffn_hidden_size)
+    # Routed copies: g * T * k rows of width ffn / etp per rank (``simulator.moe``: T = b s /
+    # (cp tp) and g = etp under sequence parallelism, T = b s / cp and g = 1 without); shared
+    # experts are TP-split.
+    routed_split = t if plan.sequence_parallel else plan.expert_tp
+    ffn = model.ffn_hidden_size / t if not moe else (
+        model.expert_ffn * model.moe_top_k / routed_split
+        + model.expert_ffn * model.num_shared_experts / t)
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention
     per_token += rope * att.rope_width / t
     if model.qk_norm:  # per-head RMSNorm of q and k
         per_token += norm * (att.q_width + att.k_width) / t
-    per_token += act * ffn / t
+    per_token += act * ffn
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
     if moe:
-        # Routing runs on the T = b s / (cp tp) dispatched tokens, not the b s / cp here.
-        per_token += 2.0 * routing.permute_elements_per_token(model, plan, eager=eager) / t
+        # Routing runs on the T dispatched tokens, b s / (cp tp) under SP (not the b s / cp).
+        per_token += (2.0 * routing.permute_elements_per_token(model, plan, eager=eager)
+                      / routing.sp_split(plan))
     # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
     return per_token * training.compute_bytes / 2
 

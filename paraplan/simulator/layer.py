@@ -117,7 +117,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     ep_c = 0.0
     if moe and plan.ep * plan.expert_tp > 1:
         # Dispatch + combine all-to-all of each rank's T*k token copies (T = b s / (cp tp),
-        # the sequence-parallel shard: ``moe.dispatch_tokens``), then, with expert TP, the
+        # the sequence-parallel shard: ``moe.dispatch_tokens``), then, with expert TP (and SP), the
         # expert-TP group all-gathers what its members received and reduce-scatters the
         # expert outputs before the combine (Megatron-Core MoEAlltoAllTokenDispatcher).
         a2a = routing.dispatch_bytes(model, training, plan)
@@ -133,7 +133,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
             ep_c = 2 * coll.forwarded_all_to_all(topo, ep_group, remote, local)
         else:
             ep_c = 2 * coll.group_collective(topo, ep_group, "all_to_all", a2a)
-        if etp > 1:
+        if routing.etp_gather(plan) > 1:  # without SP every expert-TP rank has the tokens
             etp_group = on(tuple(range(etp)))
             ep_c += (coll.group_collective(topo, etp_group, "all_gather", etp * a2a)
                      + coll.group_collective(topo, etp_group, "reduce_scatter", etp * a2a))

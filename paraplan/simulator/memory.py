@@ -82,7 +82,7 @@ def layer_activation_bytes(
         # Only the layer input is kept (2sbh), sharded by t under sequence parallelism.
         return 2.0 * s * b * h / (t if plan.sequence_parallel else 1)
     if plan.recompute == "op":
-        return s * b * op_checkpoint_elements(model, plan, moe=moe) * 2.0
+        return s * b * op_checkpoint_elements(model, training, plan, moe=moe) * 2.0
 
     # Per token, in units of h elements (bytes = 2 per element, 1 per mask element).
     replicated = 4.0 + 2.0 + 2.0 + 2.0 * drop  # norm inputs, QKV input, MLP input, masks
@@ -98,7 +98,8 @@ def layer_activation_bytes(
     # linear-layer inputs only, halving them"); the attention output is kept twice, 16-bit
     # for the attention backward and fp8 for the output projection.
     lin = 1.0 if training.precision == "fp8" else 2.0
-    replicated += lin - 2.0 + lin - 2.0  # QKV and MLP inputs
+    # QKV and MLP inputs; an MoE layer's MLP input feeds the router, a plain 16-bit linear.
+    replicated += (lin - 2.0) + (0.0 if moe else lin - 2.0)
     attn_split += (1.0 if lin == 1.0 else 0.0) * att.o_width / h
     ffn_in = lin  # the second matmul's input, per ffn element
     if moe:
@@ -111,8 +112,11 @@ def layer_activation_bytes(
         k, shared = model.moe_top_k, model.num_shared_experts
         ffn_ratio = model.expert_ffn / h
         ffn_terms = 2.0 * ffn_ratio * gate + ffn_in * ffn_ratio
-        mlp_split = (k * (plan.expert_tp * lin + ffn_terms) * routing.load_factor(training, plan)
-                     + shared * ffn_terms + 8.0 * model.num_experts / h)
+        # Rank rows g * T * k (T = s / sp_split): inputs h wide, the rest ffn / etp wide.
+        split, g, e = routing.sp_split(plan), routing.etp_gather(plan), plan.expert_tp
+        routed = k * g / split * (lin + ffn_terms / e) * routing.load_factor(training, plan)
+        mlp_split = (routed * t + shared * ffn_terms
+                     + 8.0 * model.num_experts / h * t / split)
         mlp_t = t
     else:
         ffn_ratio = model.ffn_hidden_size / h
@@ -128,7 +132,8 @@ def layer_activation_bytes(
     return s * b * h * (per_token_h + latent)
 
 
-def op_checkpoint_elements(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -> float:
+def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, *,
+                           moe: bool) -> float:
     """16-bit elements per token one layer keeps under op-level selective checkpointing.
 
     torchtitan's ``selective_ac_option = "op"`` policy (torchtitan/models/llama3/infra/
@@ -142,9 +147,12 @@ def op_checkpoint_elements(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -
     qkv_outs = (att.q_width + att.k_width + att.v_width) / t + att.latent_width
     gated = 2 if model.mlp_matrices == 3 else 1
     if moe:
-        # Routed rows live on the T = s/tp dispatched tokens (``simulator.moe``).
-        copies = model.moe_top_k + model.num_shared_experts
-        mlp_outs = copies * (gated * model.expert_ffn + plan.expert_tp * model.hidden_size) / t
+        # Routed rows g * T * k per rank (``simulator.moe``): outputs ffn / etp and h wide.
+        split, g, e = routing.sp_split(plan), routing.etp_gather(plan), plan.expert_tp
+        routed = (model.moe_top_k * g / split * (gated * model.expert_ffn / e + model.hidden_size)
+                  * routing.load_factor(training, plan))
+        mlp_outs = routed + model.num_shared_experts * (gated * model.expert_ffn / t
+                                                        + model.hidden_size / sp)
     else:
         mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
     matmul_outs = qkv_outs + model.hidden_size / sp + mlp_outs
@@ -255,6 +263,10 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         return count / group if z >= stage_min else count
 
     weights = (shard(dense, ddp, 3) + shard(experts, edp, 3)) * wbytes
+    if z == 3 and training.fsdp_copies is not None:
+        # PyTorch FSDP's shard is the fp32 parameter itself (the optimizer's master weights);
+        # the 16-bit copies exist only while gathered (``other``): no 16-bit shard to keep.
+        weights = 0.0
     grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * training.grad_buffer_bytes
     optimizer = (shard(dense, ddp, 1) + shard(experts, edp, 1)) * obytes
     mb = plan.micro_batch_size

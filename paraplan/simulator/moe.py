@@ -20,20 +20,36 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
 
+def sp_split(plan: ParallelPlan) -> int:
+    """How many ways the MoE layer's input tokens are split over the TP ranks: ``tp`` under
+    sequence parallelism; 1 without it, when every TP rank holds (and routes) all of them.
+    Megatron-Core refuses MoE with tp > 1 and no sequence parallelism in training
+    (moe_layer.py, core_v0.15.3 L265: ``can.moe_tp_needs_sp``)."""
+    return plan.tp if plan.sequence_parallel else 1
+
+
+def etp_gather(plan: ParallelPlan) -> int:
+    """Ranks whose tokens an expert-TP group gathers: ``etp`` when the tokens are split
+    (sequence parallelism), 1 when every rank already holds them all."""
+    return plan.expert_tp if plan.sequence_parallel else 1
+
+
 def dispatch_tokens(training: TrainingSpec, plan: ParallelPlan) -> float:
-    """Tokens one rank routes into each MoE layer per micro-batch: ``b s / (cp tp)``."""
-    return plan.micro_batch_size * training.seq_len / (plan.cp * plan.tp)
+    """Tokens one rank routes into each MoE layer per micro-batch: ``b s / (cp tp)`` under
+    sequence parallelism (``sp_split``)."""
+    return plan.micro_batch_size * training.seq_len / (plan.cp * sp_split(plan))
 
 
 def expert_rows(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
     """Rows one local expert's GEMMs process per micro-batch on the busiest rank.
 
-    The expert-model-parallel group of ``ep * etp`` ranks holds ``ep * etp * T`` tokens
-    (``T = dispatch_tokens``); their ``k`` copies spread over ``E`` experts, and each expert's
-    rows are processed by all ``etp`` ranks of its expert-TP group (each with ``1/etp`` of
-    the expert's width): ``ep * etp * T * k / E`` on average, times ``load_factor``.
+    The expert-model-parallel group of ``ep`` x ``etp`` ranks holds ``ep * g * T`` distinct
+    tokens (``T = dispatch_tokens``, ``g = etp_gather``); their ``k`` copies spread over ``E``
+    experts, and each expert's rows are processed by all ``etp`` ranks of its expert-TP group
+    (each with ``1/etp`` of the expert's width): ``ep * g * T * k / E`` on average, times
+    ``load_factor``.
     """
-    return (plan.ep * plan.expert_tp * dispatch_tokens(training, plan) * model.moe_top_k
+    return (plan.ep * etp_gather(plan) * dispatch_tokens(training, plan) * model.moe_top_k
             / model.num_experts * load_factor(training, plan))
 
 

@@ -79,6 +79,8 @@ class TrainerCan(StrictModel):
     """MoE token dispatchers (``TrainingSpec.moe_dispatcher``)."""
     moe_a2a_overlap: bool = False
     """Expert-parallel all-to-all overlapped with another micro-batch's compute."""
+    moe_tp_needs_sp: bool = False
+    """MoE layers with tp > 1 need sequence parallelism in training."""
 
 
 class TrainerRuns(StrictModel):
@@ -190,7 +192,9 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if model.is_moe and p.expert_tp != p.tp and not can.expert_tensor_parallel:
         out.append(f"{who} has no expert tensor-parallel degree other than tp (plan: "
                    f"etp={p.expert_tp})")
-    if model.is_moe and p.ep > 1:
+    if model.is_moe and p.tp > 1 and not p.sequence_parallel and can.moe_tp_needs_sp:
+        out.append(f"{who} trains MoE layers with tp > 1 only with sequence parallelism (sp=1)")
+    if model.is_moe and p.ep * p.expert_tp > 1:
         if training.moe_dispatcher not in can.moe_dispatchers:
             out.append(f"{who} has no {training.moe_dispatcher} MoE token dispatcher; it has "
                        f"{_words(can.moe_dispatchers)}")
@@ -202,6 +206,15 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
         if training.moe_a2a_overlap and p.pp > 1 and p.virtual_stages == 1:
             out.append(f"{who} overlaps expert-parallel all-to-alls with pp > 1 only on an "
                        "interleaved schedule (vpp > 1)")
+        if training.moe_a2a_overlap and p.ep == 1:
+            out.append(f"{who} overlaps expert-parallel all-to-alls only with ep > 1")
+        if training.moe_a2a_overlap and (training.precision == "fp32"
+                                         or model.num_mtp_layers > 1):
+            out.append(f"{who} overlaps expert-parallel all-to-alls only with 16-bit weights "
+                       "and at most one MTP layer")
+        if training.moe_dispatcher == "hierarchical" and p.moe_capacity_factor is not None:
+            out.append(f"{who}'s hierarchical (DeepEP) dispatch drops no tokens: leave "
+                       "moe_capacity_factor unset")
     if p.recompute not in can.recompute:
         out.append(f"{who} cannot recompute={p.recompute}; it has {_words(can.recompute)}")
     if training.precision not in can.precisions:

@@ -154,6 +154,8 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         g_d = g_d + np.where(zz >= 2, exp_r / edp2, exp_r)
         o_d = o_d + np.where(zz >= 1, exp_r / edp2, exp_r)
     weights, grads = w_d * cb, g_d * training.grad_buffer_bytes
+    if training.fsdp_copies is not None:  # FSDP's zero-3 shard is the fp32 master (memory.py)
+        weights = np.where(zz == 3, 0.0, weights)
     optim = o_d * training.optimizer_state_bytes_per_param
     mbs = c["mbs"][idx].astype(float)
     s_local = training.seq_len / cp.astype(float)

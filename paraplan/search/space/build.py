@@ -221,7 +221,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     else:
         cols = {k: np.zeros(0, dtype=np.int64) for k in keys}
     if trainer is not None:
-        keep, refused = trainer_mask(cols, trainer, model)
+        keep, refused = trainer_mask(cols, trainer, model, training)
         cols = {k: v[keep] for k, v in cols.items()}
         rejected.update(refused)
     return PlanSpace(model, cluster, training, cols, constants, rejected, considered, trainer)

@@ -31,6 +31,13 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
                         f"{model.name} needs; pick a trainer whose profile lists them under "
                         "can.model_features (generic for a what-if study)", field="--trainer",
                         value=trainer.name)
+    if model.is_moe and training.moe_dispatcher not in can.moe_dispatchers:
+        raise SpecError(f"{who} has no {training.moe_dispatcher} MoE token dispatcher",
+                        field="--moe-dispatcher", value=training.moe_dispatcher,
+                        allowed=list(can.moe_dispatchers))
+    if model.is_moe and training.moe_a2a_overlap and not can.moe_a2a_overlap:
+        raise SpecError(f"{who} cannot overlap expert-parallel all-to-alls with compute",
+                        field="--moe-a2a-overlap", value=True)
     if training.precision not in can.precisions:
         raise SpecError(f"{who} cannot train in {training.precision}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
@@ -42,8 +49,8 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
                             field="--fix", value=pinned[0])
 
 
-def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: ModelSpec
-                 ) -> tuple[np.ndarray, Counter]:
+def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: ModelSpec,
+                 training: TrainingSpec | None = None) -> tuple[np.ndarray, Counter]:
     """(rows the trainer can run, rejected plans counted by reason)."""
     can, who = trainer.can, trainer.label
     tp, pp, cp, ep, etp = cols["tp"], cols["pp"], cols["cp"], cols["ep"], cols["etp"]
@@ -84,6 +91,14 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
     if can.sequence_parallel == "always":
         rules.append((f"{who} always uses sequence parallelism with tp > 1",
                       (tp > 1) & (sp == 0)))
+    if model.is_moe and can.moe_tp_needs_sp:
+        rules.append((f"{who} trains MoE layers with tp > 1 only with sequence parallelism",
+                      (tp > 1) & (sp == 0)))
+    if model.is_moe and training is not None and training.moe_a2a_overlap:
+        rules.append((f"{who} overlaps expert-parallel all-to-alls only with ep > 1, vpp > 1 "
+                      "when pp > 1 and no full recomputation",
+                      (ep == 1) | (piped & (v == 1))
+                      | (rc == RECOMPUTES.index("full"))))
     if can.microbatches_per_stage:
         rules.append((f"{who} needs at least one micro-batch per pipeline stage",
                       piped & (m < pp * v)))
