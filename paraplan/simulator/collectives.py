@@ -5,7 +5,9 @@ per-step latency alpha and per-rank one-direction bandwidth B,
   all-reduce       2(n-1)*alpha + 2(n-1)/n * S/B
   reduce-scatter    (n-1)*alpha +  (n-1)/n * S/B   (S = the full, unsharded buffer)
   all-gather        (n-1)*alpha +  (n-1)/n * S/B   (S = the gathered result)
-  all-to-all        (n-1)*alpha +  (n-1)/n * S/B   (S = bytes each rank holds)
+  all-to-all        pairwise: each member sends S/n to every other one at once, intra-node
+                    shares over its scale-up link and inter-node shares through its own NIC
+                    (``pairwise_all_to_all``; S = bytes each rank holds)
   broadcast         log2(n)*alpha + S/B            (pipelined)
   p2p               alpha + S/B
   tree all-reduce   2*ceil(log2 n)*alpha + 2*S/B   (NCCL's double binary tree, Sanders et al.

@@ -69,9 +69,11 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
 
     Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size,
-    tp_comm_overlap and placement. Groups are the TP/CP/EP groups that start at rank
-    ``base_rank`` (a multiple of tp*cp; 0 = the first groups in rank order, tp fastest), on the
-    GPUs ``plan.placement`` maps those ranks to (rank r on GPU r if None).
+    tp_comm_overlap, placement, the capacity factor (never searched) and (eager kernels)
+    whether ZeRO >= 2.
+    Groups are the TP/CP/EP groups that start at rank ``base_rank`` (a multiple of tp*cp; 0 =
+    the first groups in rank order, tp fastest), on the GPUs ``plan.placement`` maps those ranks
+    to (rank r on GPU r if None).
     """
     t, cp = plan.tp, plan.cp
 

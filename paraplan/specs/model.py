@@ -139,9 +139,10 @@ class ModelSpec(StrictModel):
                     f"moe_router_group_topk={pick} groups must hold moe_top_k={self.moe_top_k} "
                     "experts")
         elif (self.moe_top_k or self.num_shared_experts or self.first_dense_layers
-              or self.moe_layer_step > 1 or self.num_mtp_layers):
+              or self.moe_layer_step > 1 or self.num_mtp_layers or self.moe_router_groups):
             raise ValueError("moe_top_k, num_shared_experts, first_dense_layers, "
-                             "moe_layer_step and num_mtp_layers need num_experts > 0")
+                             "moe_layer_step, num_mtp_layers and moe_router_groups need "
+                             "num_experts > 0")
         if self.is_moe and not self.num_moe_layers:
             raise ValueError(f"moe_layer_step={self.moe_layer_step} leaves no MoE layer among "
                              f"num_layers={self.num_layers}")

@@ -101,7 +101,7 @@ class SourceConvention:
 # NeMo scripts/performance/helpers.py set_precision_configs since the 25.07 scripts
 # (ab020f6a72, 2025-06); the NeMo 24.09/24.11 dgxc hold-out runs predate it, so they keep
 # the trainer's default.
-NVIDIA_PERF_BF16_GRADS = False
+NVIDIA_PERF_GRAD_REDUCE_FP32 = False
 
 SOURCES: dict[str, SourceConvention] = {
     "megatron2021_narayanan": SourceConvention(
@@ -135,7 +135,7 @@ SOURCES: dict[str, SourceConvention] = {
         "NVIDIA Megatron-Bridge performance summary (26.04.01 container) and dgxc-benchmarking "
         "DeepSeek-V3: MoE pre-training with routing forced to balance "
         "(moe_router_force_load_balancing), dropless, grouped GEMM, fused permute",
-        grad_reduce_fp32=NVIDIA_PERF_BF16_GRADS),
+        grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
     "megascale2024_megatron_baseline": SourceConvention(
         "megatron-core", True, None, None, None,
         "MegaScale Table 2 Megatron-LM baseline (2023 Megatron-LM with FlashAttention and "

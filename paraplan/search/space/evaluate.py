@@ -102,20 +102,25 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     if n == 0:
         return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
 
-    # ---- per-layer quantities, once per (tp, cp, sp, mbs, rc, ep, etp) ---------------------
-    uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"]])
+    # ---- per-layer quantities, once per (tp, cp, sp, mbs, rc, ep, etp, zs) -----------------
+    # zs: gradients sharded per micro-batch (ZeRO >= 2), which drops the eager accumulation
+    # pass (compute.accumulation_time); a constant 0 with fused kernels, which have none.
+    zs = (c["zero"] >= 2).astype(np.int64) if training.kernels == "eager" else \
+        np.zeros(n, dtype=np.int64)
+    uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"],
+                           zs])
     nk = len(uniq)
     lc = np.zeros((nk, 2, 7))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep]
     acts = np.zeros((nk, 3))  # dense, moe, working bytes
     head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
     # Dense layers and the LM head do not depend on ep/etp, nor the parts on recompute: each
-    # is computed once per the fields it reads. Plans come from the validated space, so they
-    # are copies of a validated template, not validated again.
+    # is computed once per the plan fields it reads (layer_parts' docstring lists them).
+    # Plans come from the validated space, so they are copies of a validated template.
     dense_parts: dict[tuple[int, ...], tuple[LayerParts, HeadTimes]] = {}
     moe_parts: dict[tuple[int, ...], LayerParts] = {}
     tco_const = {k: v for k, v in const.items() if k in ("tp_comm_overlap",)}
     templates: dict[bool | None, ParallelPlan] = {}
-    for i, (t, cp, sp, mbs, rc, ep, etp) in enumerate(uniq):
+    for i, (t, cp, sp, mbs, rc, ep, etp, z2) in enumerate(uniq):
         tco = tco_const.get("tp_comm_overlap")
         if space.trainer is not None and tco is None:
             tco = tp_overlap(space.trainer.runs, int(t), bool(sp))
@@ -124,8 +129,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         plan = templates[tco].model_copy(update={
             "tp": int(t), "cp": int(cp), "sequence_parallel": bool(sp),
             "micro_batch_size": int(mbs), "recompute": RECOMPUTES[rc], "ep": int(ep),
-            "etp": int(etp)})
-        dkey = (int(t), int(cp), int(sp), int(mbs))
+            "etp": int(etp), "zero_stage": 2 if z2 else 0})
+        dkey = (int(t), int(cp), int(sp), int(mbs), int(z2))
         if dkey not in dense_parts:
             dense_parts[dkey] = (layer_parts(model, topo, training, plan, dev, moe=False),
                                  lm_head_cost(model, topo, training, plan, dev))
