@@ -166,3 +166,24 @@ def test_torchtitan_export_names_its_model_flavor():
                          cluster=load_cluster("dgx-h100", nodes=1))
     text = export_text("torchtitan", ctx)
     assert '[model]\nname = "gpt_oss"\nflavor = "20b"' in text
+
+
+def test_megatron_launch_round_trips_the_moe_facts():
+    from paraplan.importers.megatron import read_megatron
+
+    tr = TrainingSpec(global_batch_size=512, seq_len=4096, moe_dispatcher="hierarchical",
+                      moe_a2a_overlap=True)
+    ctx = export_context(load_model("deepseek-v3"), tr,
+                         parse_plan("tp=1,pp=1,ep=16,etp=1,mbs=1,zero=1"),
+                         cluster=load_cluster("dgx-h100", nodes=2))
+    imported = read_megatron(export_text("megatron", ctx))
+    assert imported.training["moe_dispatcher"] == "hierarchical"
+    assert imported.training["moe_a2a_overlap"] is True
+    assert imported.plan.ep == 16 and imported.plan.moe_capacity_factor is None
+    forced = read_megatron("torchrun pretrain_gpt.py --expert-model-parallel-size 8 "
+                           "--moe-token-dispatcher-type alltoall "
+                           "--moe-router-force-load-balancing --moe-expert-capacity-factor 1.5"
+                           " --moe-pad-expert-input-to-capacity --bf16")
+    assert forced.training["moe_dispatcher"] == "alltoall"
+    assert forced.training["moe_load_imbalance"] == 1.0
+    assert forced.plan.moe_capacity_factor == 1.5

@@ -149,4 +149,28 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     training["dropout"] = hidden > 0 or attention > 0
     if "--grad-reduce-in-bf16" in f:
         training["grad_reduce_fp32"] = False
+    training.update(_moe_facts(f))
+    if "--moe-pad-expert-input-to-capacity" in f and "--moe-expert-capacity-factor" in f:
+        factor = _one(f, "--moe-expert-capacity-factor")
+        try:
+            plan = plan.model_copy(update={"moe_capacity_factor": float(factor)})
+        except ValueError:
+            raise ImportError_(f"--moe-expert-capacity-factor {factor!r} is not a number",
+                               field="--moe-expert-capacity-factor", value=factor) from None
     return ImportedConfig("megatron-core", plan, training, model, path)
+
+
+def _moe_facts(f: dict[str, list[str]]) -> dict[str, Any]:
+    """The MoE run facts the launch states (``TrainingSpec`` fields): the flex dispatcher
+    with DeepEP/HybridEP (``--moe-enable-deepep``, later ``--moe-flex-dispatcher-backend``)
+    is ``hierarchical``; ``--overlap-moe-expert-parallel-comm`` the all-to-all overlap;
+    ``--moe-router-force-load-balancing`` balanced routing (``moe_load_imbalance`` 1.0)."""
+    out: dict[str, Any] = {}
+    if "--moe-token-dispatcher-type" in f:
+        flex = _one(f, "--moe-token-dispatcher-type") == "flex"
+        out["moe_dispatcher"] = "hierarchical" if flex else "alltoall"
+    if "--overlap-moe-expert-parallel-comm" in f:
+        out["moe_a2a_overlap"] = True
+    if "--moe-router-force-load-balancing" in f:
+        out["moe_load_imbalance"] = 1.0
+    return out
