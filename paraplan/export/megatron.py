@@ -17,6 +17,7 @@ run on top of them (GPipe, zero-bubble schedules, relaxed synchronization).
 from __future__ import annotations
 
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
+from paraplan.specs.trainer import a2a_overlap_needs
 
 TRAINER = "Megatron-LM"
 VERSION = "core_v0.15"
@@ -148,14 +149,10 @@ def _architecture(ctx: ExportContext) -> list[str]:
         else:
             out.append("--moe-token-dispatcher-type alltoall")
         if t.moe_a2a_overlap and p.ep > 1:
-            # transformer_config.py (core_v0.15.3 L1441-1480) asserts these.
-            why = ("recompute other than full" if p.recompute == "full"
-                   else "vpp > 1 when pp > 1" if p.pp > 1 and p.virtual_stages == 1
-                   else "bf16 or fp16 weights" if t.precision == "fp32"
-                   else "at most one MTP layer" if m.num_mtp_layers > 1 else None)
-            if why is not None:
+            needs = a2a_overlap_needs(m, t, p)
+            if needs:
                 raise refuse("training.moe_a2a_overlap", True, TRAINER,
-                             f"the all-to-all overlap needs {why}")
+                             f"the all-to-all overlap needs {needs[0]}")
             out += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         cf = ctx.plan.moe_capacity_factor
         if cf is not None:

@@ -170,12 +170,10 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     gated = model.mlp_matrices == 3
     act = (10.0 if eager else 6.0) if gated else 4.0
     rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
-    # Routed copies: g * T * k rows of width ffn / etp per rank (``simulator.moe``: T = b s /
-    # (cp tp) and g = etp under sequence parallelism, T = b s / cp and g = 1 without); shared
-    # experts are TP-split.
-    routed_split = t if plan.sequence_parallel else plan.expert_tp
+    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``); shared experts are
+    # TP-split.
     ffn = model.ffn_hidden_size / t if not moe else (
-        model.expert_ffn * model.moe_top_k / routed_split
+        model.expert_ffn * routing.routed_copies_per_token(model, plan) / plan.expert_tp
         + model.expert_ffn * model.num_shared_experts / t)
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention

@@ -125,10 +125,10 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         a2a = routing.dispatch_bytes(model, training, plan)
         etp = plan.expert_tp
         ep_group = on(tuple(etp * j for j in range(plan.ep)))
-        nodes = len({int(topo.node_of_gpu[g]) for g in ep_group})
         if training.moe_dispatcher == "hierarchical":
             # DeepEP/HybridEP send a token once to each other rank it is routed to (not once
             # per expert), and across nodes once per remote node, forwarded over NVLink there.
+            nodes = len({int(topo.node_of_gpu[g]) for g in ep_group})
             token = a2a / model.moe_top_k
             remote = token * routing.other_groups_hit(model, nodes)
             local = token * routing.other_groups_hit(model, plan.ep)

@@ -109,14 +109,14 @@ def layer_activation_bytes(
         # experts are a TP-split dense MLP. The router keeps its fp32 logits and
         # probabilities (2 x 4 B x E per dispatched token). The busiest rank holds
         # ``moe.load_factor`` times the mean routed rows.
-        k, shared = model.moe_top_k, model.num_shared_experts
+        shared = model.num_shared_experts
         ffn_ratio = model.expert_ffn / h
         ffn_terms = 2.0 * ffn_ratio * gate + ffn_in * ffn_ratio
-        # Rank rows g * T * k (T = s / sp_split): inputs h wide, the rest ffn / etp wide.
-        split, g, e = routing.sp_split(plan), routing.etp_gather(plan), plan.expert_tp
-        routed = k * g / split * (lin + ffn_terms / e) * routing.load_factor(training, plan)
+        # Routed rows: inputs h wide, the rest ffn / etp wide (``moe.routed_copies_per_token``).
+        routed = (routing.routed_copies_per_token(model, plan)
+                  * (lin + ffn_terms / plan.expert_tp) * routing.load_factor(training, plan))
         mlp_split = (routed * t + shared * ffn_terms
-                     + 8.0 * model.num_experts / h * t / split)
+                     + 8.0 * model.num_experts / h * t / routing.sp_split(plan))
         mlp_t = t
     else:
         ffn_ratio = model.ffn_hidden_size / h
@@ -147,9 +147,9 @@ def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: Paral
     qkv_outs = (att.q_width + att.k_width + att.v_width) / t + att.latent_width
     gated = 2 if model.mlp_matrices == 3 else 1
     if moe:
-        # Routed rows g * T * k per rank (``simulator.moe``): outputs ffn / etp and h wide.
-        split, g, e = routing.sp_split(plan), routing.etp_gather(plan), plan.expert_tp
-        routed = (model.moe_top_k * g / split * (gated * model.expert_ffn / e + model.hidden_size)
+        # Routed rows (``moe.routed_copies_per_token``): outputs ffn / etp and h wide.
+        routed = (routing.routed_copies_per_token(model, plan)
+                  * (gated * model.expert_ffn / plan.expert_tp + model.hidden_size)
                   * routing.load_factor(training, plan))
         mlp_outs = routed + model.num_shared_experts * (gated * model.expert_ffn / t
                                                         + model.hidden_size / sp)

@@ -34,6 +34,13 @@ def etp_gather(plan: ParallelPlan) -> int:
     return plan.expert_tp if plan.sequence_parallel else 1
 
 
+def routed_copies_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Routed rows one rank's experts hold per token of the layer's ``b s / cp`` (mean load):
+    ``g T k`` rows over ``T sp_split`` tokens, ``k etp / tp`` under sequence parallelism and
+    ``k`` without; each row is ``h`` wide at the expert's input and ``ffn / etp`` inside."""
+    return model.moe_top_k * etp_gather(plan) / sp_split(plan)
+
+
 def dispatch_tokens(training: TrainingSpec, plan: ParallelPlan) -> float:
     """Tokens one rank routes into each MoE layer per micro-batch: ``b s / (cp tp)`` under
     sequence parallelism (``sp_split``)."""

@@ -146,6 +146,19 @@ def missing_features(trainer: TrainerSpec, model: ModelSpec) -> list[str]:
     return [f for f in model.features if f not in trainer.can.model_features]
 
 
+def a2a_overlap_needs(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
+                      ) -> list[str]:
+    """What the plan lacks for Megatron-Core's expert-parallel all-to-all overlap
+    (``--overlap-moe-expert-parallel-comm``; transformer_config.py core_v0.15.3 L1441-1480
+    asserts each), in words; empty when it has all of it."""
+    checks = ((plan.recompute == "full", "no full recomputation"),
+              (plan.pp > 1 and plan.virtual_stages == 1,
+               "an interleaved schedule (vpp > 1) when pp > 1"),
+              (training.precision == "fp32", "bf16 or fp16 weights"),
+              (model.num_mtp_layers > 1, "at most one MTP layer"))
+    return [need for failed, need in checks if failed]
+
+
 def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSpec,
                     plan: ParallelPlan, num_microbatches: int | None = None) -> list[str]:
     """Why ``trainer`` cannot run ``plan`` (empty when it can), one plain sentence each.
@@ -200,18 +213,11 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
                        f"{_words(can.moe_dispatchers)}")
         if training.moe_a2a_overlap and not can.moe_a2a_overlap:
             out.append(f"{who} cannot overlap expert-parallel all-to-alls with compute")
-        if training.moe_a2a_overlap and p.recompute == "full":
-            out.append(f"{who} cannot overlap expert-parallel all-to-alls under full "
-                       "recomputation (recompute=full)")
-        if training.moe_a2a_overlap and p.pp > 1 and p.virtual_stages == 1:
-            out.append(f"{who} overlaps expert-parallel all-to-alls with pp > 1 only on an "
-                       "interleaved schedule (vpp > 1)")
-        if training.moe_a2a_overlap and p.ep == 1:
-            out.append(f"{who} overlaps expert-parallel all-to-alls only with ep > 1")
-        if training.moe_a2a_overlap and (training.precision == "fp32"
-                                         or model.num_mtp_layers > 1):
-            out.append(f"{who} overlaps expert-parallel all-to-alls only with 16-bit weights "
-                       "and at most one MTP layer")
+        elif training.moe_a2a_overlap:
+            if p.ep == 1:
+                out.append(f"{who} overlaps expert-parallel all-to-alls only with ep > 1")
+            out += [f"{who}'s expert-parallel all-to-all overlap needs {need}"
+                    for need in a2a_overlap_needs(model, training, p)]
         if training.moe_dispatcher == "hierarchical" and p.moe_capacity_factor is not None:
             out.append(f"{who}'s hierarchical (DeepEP) dispatch drops no tokens: leave "
                        "moe_capacity_factor unset")
