@@ -81,6 +81,8 @@ TRAIN = TrainingSpec(global_batch_size=64, seq_len=4096)
     ("deepspeed", "cp=2", "no ring context parallelism"),
     ("nanotron", "pp=2,vpp=2,schedule=interleaved", "cannot run schedule=interleaved"),
     ("nanotron", "zero=3", "cannot express zero_stage=3"),
+    ("llm-foundry", "tp=2", "no tensor parallelism"),
+    ("llm-foundry", "pp=2", "no pipeline parallelism"),
     ("megatron-core", "h=10", "synchronizes dense gradients every step"),
     ("megatron-core", "dp_algo=sharded_ps", "sends gradients through collective"),
 ])

@@ -32,6 +32,10 @@ expresses them; a profile allows them with ``can.relaxed_sync``."""
 class TrainerCan(StrictModel):
     """What the trainer's configuration can express (a plan outside it cannot be run)."""
 
+    tensor_parallel: bool = True
+    """Tensor parallelism (tp > 1) at all."""
+    pipeline_parallel: bool = True
+    """Pipeline parallelism (pp > 1) at all."""
     schedules: list[Schedule]
     """Pipeline schedules (with pp > 1; pp = 1 needs none)."""
     max_virtual_stages: int | None = Field(default=None, ge=1)
@@ -166,7 +170,11 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     ``num_microbatches`` (per replica per step) enables the micro-batch rules."""
     can, who, out = trainer.can, trainer.label, []
     p = plan
-    if p.pp > 1 and p.schedule not in can.schedules:
+    if p.tp > 1 and not can.tensor_parallel:
+        out.append(f"{who} has no tensor parallelism (plan: tp={p.tp})")
+    if p.pp > 1 and not can.pipeline_parallel:
+        out.append(f"{who} has no pipeline parallelism (plan: pp={p.pp})")
+    elif p.pp > 1 and p.schedule not in can.schedules:
         out.append(f"{who} cannot run schedule={p.schedule}; it runs {_words(can.schedules)}")
     if can.max_virtual_stages is not None and p.virtual_stages > can.max_virtual_stages:
         out.append(f"{who} runs at most {can.max_virtual_stages} virtual stages per pipeline "

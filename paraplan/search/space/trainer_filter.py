@@ -63,6 +63,8 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
     piped_zero = can.zero_stages if can.zero_stages_with_pp is None else can.zero_stages_with_pp
     allowed_piped_zero = np.array([z in piped_zero for z in range(4)])
     rules: list[tuple[str, np.ndarray]] = [
+        (f"{who} has no tensor parallelism", (tp > 1) & (not can.tensor_parallel)),
+        (f"{who} has no pipeline parallelism", piped & (not can.pipeline_parallel)),
         (f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)",
          piped & ~allowed_sched[sched]),
         (f"{who} cannot express that ZeRO stage ({', '.join(map(str, can.zero_stages))} only)",
