@@ -539,3 +539,48 @@ def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
     assert b.step_time_s - a.step_time_s == pytest.approx((m - 1) * params, rel=1e-9)
     assert load_trainer("torchtitan").runs.zero2_regather is True
     assert load_trainer("deepspeed").runs.zero2_regather is False
+
+
+def test_torchtitan_trains_fp8_as_its_float8_converter_runs_it(tmp_path: Path):
+    """torchtitan v0.2.2 trains fp8 with torchao's tensorwise Float8Linear: the export writes
+    the converter, torch.compile and fp8 FSDP all-gathers; the import reads them back; the
+    all-gathers are priced at 1 byte per parameter (half the bf16 volume)."""
+    from paraplan.importers import read_trainer_config
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    titan = load_trainer("torchtitan")
+    fp8 = TrainingSpec(global_batch_size=32, seq_len=8192, precision="fp8")
+    plan = parse_plan("zero=3,mbs=2,rc=op")
+    training, applied = apply_trainer(titan, fp8, plan)
+    assert training.kernels == "fused" and training.fp8_param_gather  # compiled, fp8 gathers
+    assert training.param_gather_bytes == 1
+    ctx = export_context(model, training, applied, cluster=cluster)
+    text = export_text("torchtitan", ctx)
+    data = tomllib.loads(text)
+    assert data["model"]["converters"] == ["quantize.linear.float8"]
+    assert data["compile"]["enable"] is True
+    assert data["quantize"]["linear"]["float8"]["enable_fsdp_float8_all_gather"] is True
+    assert exported_keys("torchtitan", text) <= recorded_keys("torchtitan")
+    path = tmp_path / "fp8.toml"
+    path.write_text(text)
+    back = read_trainer_config(path, text)
+    assert back.training["precision"] == "fp8" and back.training["fp8_param_gather"]
+    assert back.training["kernels"] == "fused"
+    # DDP (zero=0) has nothing to gather: the flag is written off.
+    ddp = export_context(model, training, applied.model_copy(update={"zero_stage": 0}),
+                         cluster=cluster)
+    assert not tomllib.loads(export_text("torchtitan", ddp))["quantize"]["linear"]["float8"][
+        "enable_fsdp_float8_all_gather"]
+    # Pricing: the same plan with 16-bit gathers moves twice the parameter bytes.
+    with_fp8 = simulate(model, cluster, training, plan, trainer=titan)
+    bf16_gathers = simulate(model, cluster, training.model_copy(
+        update={"fp8_param_gather": False}), plan, trainer=titan)
+    assert with_fp8.feasible and bf16_gathers.feasible
+    assert with_fp8.time_s["dp_comm"] < bf16_gathers.time_s["dp_comm"]
+    # The searcher prices fp8 gathers as simulate does, and its best plan exports.
+    rep = search(model, cluster, fp8, top=1, trainer="torchtitan", fix="zero=3").reports[0]
+    top = parse_plan({k: v for k, v in rep.plan.items() if v is not None})
+    again = simulate(model, cluster, fp8, top, trainer="torchtitan")
+    assert again.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
+    assert "quantize.linear.float8" in export_text(
+        "torchtitan", export_context(model, fp8, top, cluster=cluster))

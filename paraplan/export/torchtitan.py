@@ -22,6 +22,8 @@ Mapping (torchtitan v0.2.2 semantics):
   ``layers.<i>``, ``norm``, ``output``).
 - Recompute: full -> ``mode = "full"``; op -> ``mode = "selective"``,
   ``selective_ac_option = "op"``; Megatron's selective (attention core) has no equivalent.
+- fp8: ``[model] converters = ["quantize.linear.float8"]`` (torchao tensorwise), ``[compile]``
+  on, and ``[quantize.linear.float8]`` with fp8 FSDP all-gathers where FSDP shards.
 """
 
 from __future__ import annotations
@@ -116,7 +118,24 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
     flavor = flavor_of(m)
     if flavor is not None:
         tables["model"] = {"name": flavor[0], "flavor": flavor[1]}
+    if t.precision == "fp8":
+        tables.update(_float8_tables(ctx, tables.get("model", {})))
     return {**tables, "training": training, "parallelism": par, "activation_checkpoint": ac}
+
+
+def _float8_tables(ctx: ExportContext, model_table: dict[str, Any]) -> dict[str, dict]:
+    """fp8 as torchtitan v0.2.2 trains it: torchao tensorwise ``Float8Linear`` through the
+    ``quantize.linear.float8`` converter, compiled (docs/float8.md: compile is "required for
+    competitive performance"), fp8 FSDP all-gathers when FSDP shards, the output layer left
+    in 16 bits (as torchtitan's llama3_405b.toml)."""
+    gather = ctx.dp > 1 and ctx.plan.zero_stage >= 1  # FSDP shards (the profile's run fact)
+    return {
+        "model": {**model_table, "converters": ["quantize.linear.float8"]},
+        "compile": {"enable": True, "components": ["model", "loss"]},
+        "quantize.linear.float8": {"enable_fsdp_float8_all_gather": gather,
+                                   "precompute_float8_dynamic_scale_for_fsdp": gather,
+                                   "filter_fqns": ["output"]},
+    }
 
 
 def _check(ctx: ExportContext) -> None:
@@ -139,10 +158,12 @@ def _check(ctx: ExportContext) -> None:
         raise refuse("recompute", "selective", TRAINER, "torchtitan's selective checkpointing "
                      "is op-level (recompute=op) or every n-th layer; Megatron's attention-core "
                      "recompute has no torchtitan option")
-    if t.precision in ("fp16", "fp8"):
-        raise refuse("training.precision", t.precision, TRAINER, "bf16 or fp32 "
-                     "(mixed_precision_param); fp8 needs torchtitan's float8 converter, which "
-                     "paraplan does not write")
+    if t.precision == "fp16":
+        raise refuse("training.precision", t.precision, TRAINER, "bf16, fp32 "
+                     "(mixed_precision_param) or fp8 (the quantize.linear.float8 converter)")
+    if t.precision == "fp8" and t.kernels == "eager":
+        raise refuse("training.kernels", "eager", TRAINER, "fp8 runs compiled: the export "
+                     "turns torch.compile on with the float8 converter")
     if p.schedule == "zb-h1" and p.virtual_stages == 1:
         raise refuse("schedule", "zb-h1", TRAINER, "torchtitan's zero-bubble schedules "
                      "(InterleavedZeroBubble, ZBVZeroBubble) need virtual_stages > 1")

@@ -1,5 +1,6 @@
 """Read a torchtitan v0.2.2 TOML (``[training]``, ``[parallelism]``,
-``[activation_checkpoint]``, ``[compile]``) back into a plan.
+``[activation_checkpoint]``, ``[compile]``, ``[model] converters`` and
+``[quantize.linear.float8]``) back into a plan.
 
 ZeRO stage from the data-parallel degrees and ``fsdp_reshard_after_forward``: replicate only
 (DDP) is 0; sharding with ``never`` is 2, ``always`` is 3, and ``default`` is 3 without
@@ -92,6 +93,11 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
     if "seq_len" in tr:
         training["seq_len"] = as_int(tr["seq_len"], "training.seq_len")
     training["precision"] = "fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"
+    converters = (data.get("model") or {}).get("converters") or []
+    if "quantize.linear.float8" in converters or "float8" in converters:
+        training["precision"] = "fp8"  # torchao Float8Linear (the 405B config's "float8")
+        fp8 = ((data.get("quantize") or {}).get("linear") or {}).get("float8") or {}
+        training["fp8_param_gather"] = bool(fp8.get("enable_fsdp_float8_all_gather", False))
     if (data.get("compile") or {}).get("enable"):
         training["kernels"] = "fused"
     return ImportedConfig("torchtitan", plan, training, {}, path)

@@ -50,6 +50,6 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 
     if plan.zero_stage in (1, 2):
         return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter"),
-                0.5 * all_reduce(count * training.compute_bytes)
+                0.5 * all_reduce(count * training.param_gather_bytes)
                 / coll.kind_efficiency(topo, "all_gather"))
     return all_reduce(count * grad_bytes), 0.0

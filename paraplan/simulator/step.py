@@ -281,10 +281,10 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             # reduce-scatter the gradients, every micro-batch; prefetching hides it behind that
             # micro-batch's compute. A checkpointed layer is recomputed inside its backward,
             # while its weights are gathered, so recomputation adds no gather.
-            gather = chunked("all_gather", dp_group, dense * training.compute_bytes, units)
+            gather = chunked("all_gather", dp_group, dense * training.param_gather_bytes, units)
             scatter = chunked("reduce_scatter", dp_group, dense * grad_bytes, units)
             if experts:
-                gather += chunked("all_gather", edp_group, experts * training.compute_bytes,
+                gather += chunked("all_gather", edp_group, experts * training.param_gather_bytes,
                                   units)
                 scatter += chunked("reduce_scatter", edp_group, experts * grad_bytes, units)
             per_mb = 2 * gather + scatter

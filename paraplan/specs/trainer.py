@@ -113,6 +113,11 @@ class TrainerRuns(StrictModel):
     """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
     compile: bool = False
     """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
+    fp8_compiles: bool = False
+    """fp8 training runs compiled (fused kernels) whatever ``kernels`` says for 16-bit: the
+    exported config turns torch.compile on with the fp8 converter."""
+    fp8_param_gather: bool = False
+    """fp8 training all-gathers sharded parameters in fp8 (``TrainingSpec.fp8_param_gather``)."""
     fsdp_copies: Literal["flat", "per_param"] | None = None
     """Per-micro-batch copies of its sharded data parallelism (``TrainingSpec.fsdp_copies``)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
@@ -278,9 +283,10 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
 
 
 def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
-    """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels, fp8
-    weight caching, FlashAttention version, FSDP copies and ring-attention merges from the
-    profile, except those the user set."""
+    """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels (fused
+    for fp8 where the trainer compiles fp8 runs), fp8 weight caching and all-gathers,
+    FlashAttention version, FSDP copies and ring-attention merges from the profile, except
+    those the user set."""
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
@@ -289,7 +295,10 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
-             "moe_a2a_overlap": runs.moe_a2a_overlap}
+             "moe_a2a_overlap": runs.moe_a2a_overlap,
+             "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8"}
+    if training.precision == "fp8" and runs.fp8_compiles:
+        facts["kernels"] = "fused"
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})
 

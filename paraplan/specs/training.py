@@ -44,6 +44,12 @@ class TrainingSpec(StrictModel):
     """fp8 training casts the weights once per step and reuses them on every micro-batch
     (Transformer Engine's ``is_first_microbatch``, which Megatron passes), instead of casting
     them for every micro-batch's GEMMs."""
+    fp8_param_gather: bool = False
+    """fp8 training all-gathers sharded parameters as fp8 (1 byte per element instead of the
+    compute dtype's 2): torchao ``Float8LinearConfig(enable_fsdp_float8_all_gather=True)``,
+    which torchtitan sets with ``quantize.linear.float8.enable_fsdp_float8_all_gather``
+    (torchtitan docs/float8.md: "cast Float8Linear.weight from high precision to float8 before
+    FSDP all-gather so we can communicate in float8"). Ignored unless precision is fp8."""
     fsdp_copies: Literal["flat", "per_param"] | None = None
     """Memory copies the sharded data-parallel implementation adds to every micro-batch under
     zero_stage 2/3 (``simulator.copies.fsdp_copy_bytes_per_param``): ``flat`` (PyTorch FSDP1
@@ -113,6 +119,14 @@ class TrainingSpec(StrictModel):
     def compute_bytes(self) -> int:
         """Bytes per weight/activation element (fp8 runs keep bf16 tensors)."""
         return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]
+
+    @property
+    def param_gather_bytes(self) -> int:
+        """Bytes per parameter element a ZeRO/FSDP parameter all-gather moves: 1 with fp8
+        all-gathers (``fp8_param_gather``), else the compute dtype. The embedding and norms
+        stay 16-bit under torchao; they are a small share of a block's weights and are
+        counted at 1 byte too."""
+        return 1 if (self.fp8_param_gather and self.precision == "fp8") else self.compute_bytes
 
     @property
     def optimizer_state_bytes_per_param(self) -> int:

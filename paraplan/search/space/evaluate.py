@@ -178,7 +178,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     t_p2p = np.where(c["pp"] > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
                                          / lines_of[:, :, 1], axis=1), 0.0)
 
-    ctx = Context(dev=dev, cb=cb, grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
+    ctx = Context(dev=dev, cb=cb, gather_bytes=float(training.param_gather_bytes),
+                  grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
                   fsdp_coef=fsdp_coef, regather=training.zero2_regather, overlap=overlap,
                   interval=interval, capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
