@@ -10,7 +10,7 @@ import pytest
 
 from paraplan.simulator import collectives as coll
 from paraplan.simulator import moe
-from paraplan.simulator.compute import Device
+from paraplan.simulator.compute import Device, elementwise_bytes_per_token
 from paraplan.simulator.layer import compose_layer_cost, layer_parts
 from paraplan.simulator.memory import layer_activation_bytes
 from paraplan.specs.loaders import load_cluster, load_model, load_trainer
@@ -135,6 +135,13 @@ def test_imbalance_scales_the_busiest_rank() -> None:
     capped = plan.model_copy(update={"moe_capacity_factor": 1.0})
     assert moe.expert_rows(model, skew, capped) == moe.expert_rows(model, even, plan)
     assert TrainingSpec(global_batch_size=1, seq_len=8).moe_load_imbalance == 1.3
+    # The busiest rank's expert activation (SwiGLU on its rows) scales with the load; the
+    # permute of the rank's own tokens and the rest of the layer do not.
+    fused = dict(moe=True)
+    gated = 6.0 * model.expert_ffn * moe.routed_copies_per_token(model, plan)  # 16-bit bytes
+    diff = elementwise_bytes_per_token(model, skew, plan, **fused) \
+        - elementwise_bytes_per_token(model, even, plan, **fused)
+    assert diff == pytest.approx(0.5 * gated)
 
 
 def test_fp8_keeps_linear_inputs_in_one_byte() -> None:

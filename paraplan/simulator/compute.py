@@ -159,7 +159,8 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
     complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
     native kernels either way. MoE layers add routing their tokens to the experts and back
-    (``moe.permute_elements_per_token``). Counts are for 16-bit elements and scale with the
+    (``moe.permute_elements_per_token``, on the rank's own tokens: the mean load); the expert
+    activation runs on the busiest rank's rows (``moe.load_factor``). Counts are for 16-bit elements and scale with the
     element size (fp32 training: x2).
     """
     h = model.hidden_size
@@ -170,10 +171,11 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     gated = model.mlp_matrices == 3
     act = (10.0 if eager else 6.0) if gated else 4.0
     rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
-    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``); shared experts are
-    # TP-split.
+    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``), as many as the busiest
+    # rank receives (``moe.load_factor``, as its expert GEMMs); shared experts are TP-split.
     ffn = model.ffn_hidden_size / t if not moe else (
         model.expert_ffn * routing.routed_copies_per_token(model, plan) / plan.expert_tp
+        * routing.load_factor(training, plan)
         + model.expert_ffn * model.num_shared_experts / t)
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention
