@@ -92,6 +92,22 @@ def test_trainer_reasons_by_hand(trainer, plan, needle):
     assert not trainer_reasons(load_trainer("generic"), MODEL, TRAIN, parse_plan(plan), 16)
 
 
+def test_llm_foundry_search_mask_has_no_tp_or_pp():
+    """The vectorized mask agrees with trainer_reasons on a dense model (the MoE check above
+    is vacuous for a trainer without MoE) and keeps only tp = pp = 1 for llm-foundry."""
+    cluster = load_cluster("dgx-a100-80gb", nodes=2)
+    spec = load_trainer("llm-foundry")
+    space = build_space(MODEL, cluster, TRAIN)
+    keep, refused = trainer_mask(space.cols, spec, MODEL)
+    assert keep.any() and (space.cols["tp"][keep] == 1).all()
+    assert (space.cols["pp"][keep] == 1).all()
+    assert any("tensor parallelism" in r for r in refused)
+    for i in np.random.default_rng(1).choice(len(space), size=300, replace=False).tolist():
+        scalar = not trainer_reasons(spec, MODEL, TRAIN, space.plan(i),
+                                     int(space.cols["m"][i]))
+        assert scalar == bool(keep[i]), space.plan(i).short()
+
+
 def test_microbatch_rules():
     # torchtitan: one micro-batch per stage at least; nanotron's 1F1B: pp - 1 at least.
     plan = parse_plan("tp=2,sp=1,pp=4,vpp=2,schedule=interleaved")
@@ -553,7 +569,7 @@ def test_torchtitan_trains_fp8_as_its_float8_converter_runs_it(tmp_path: Path):
     plan = parse_plan("zero=3,mbs=2,rc=op")
     training, applied = apply_trainer(titan, fp8, plan)
     assert training.kernels == "fused" and training.fp8_param_gather  # compiled, fp8 gathers
-    assert training.param_gather_bytes == 1
+    assert training.param_gather_bytes(16) == 1 and training.param_gather_bytes(1) == 2
     ctx = export_context(model, training, applied, cluster=cluster)
     text = export_text("torchtitan", ctx)
     data = tomllib.loads(text)
@@ -566,6 +582,14 @@ def test_torchtitan_trains_fp8_as_its_float8_converter_runs_it(tmp_path: Path):
     back = read_trainer_config(path, text)
     assert back.training["precision"] == "fp8" and back.training["fp8_param_gather"]
     assert back.training["kernels"] == "fused"
+    # Without [compile] the import says eager, so fp8 is not priced as compiled.
+    no_compile = text.replace("[compile]\nenable = true", "[compile]\nenable = false")
+    assert read_trainer_config(path, no_compile).training["kernels"] == "eager"
+    # The user's own fp8_param_gather=False is what the export writes.
+    mine = training.model_copy(update={"fp8_param_gather": False})
+    off = tomllib.loads(export_text("torchtitan", export_context(model, mine, applied,
+                                                                 cluster=cluster)))
+    assert not off["quantize"]["linear"]["float8"]["enable_fsdp_float8_all_gather"]
     # DDP (zero=0) has nothing to gather: the flag is written off.
     ddp = export_context(model, training, applied.model_copy(update={"zero_stage": 0}),
                          cluster=cluster)
@@ -577,6 +601,20 @@ def test_torchtitan_trains_fp8_as_its_float8_converter_runs_it(tmp_path: Path):
         update={"fp8_param_gather": False}), plan, trainer=titan)
     assert with_fp8.feasible and bf16_gathers.feasible
     assert with_fp8.time_s["dp_comm"] < bf16_gathers.time_s["dp_comm"]
+    # FSDP over context-parallel ranks alone (dp = 1) gathers in 16 bits (dp_shard_enabled).
+    long = fp8.model_copy(update={"global_batch_size": 2, "seq_len": 65536})
+    cp_only = parse_plan("cp=8,zero=3,mbs=1,rc=full")
+    a = simulate(model, load_cluster("dgx-h100", nodes=1), long, cp_only, trainer=titan)
+    b = simulate(model, load_cluster("dgx-h100", nodes=1), long.model_copy(
+        update={"fp8_param_gather": False}), cp_only, trainer=titan)
+    assert a.feasible and a.time_s["dp_comm"] > 0
+    assert a.time_s["dp_comm"] == b.time_s["dp_comm"]
+    # Experts are not nn.Linear: torchtitan has no (non-prototype) fp8 for MoE models.
+    moe_model = load_model("mixtral-8x7b")
+    assert any("fp8" in r for r in trainer_reasons(titan, moe_model, fp8,
+                                                   parse_plan("ep=8,zero=3"), 4))
+    with pytest.raises(SpecError, match="mixture-of-experts models in fp8"):
+        search(moe_model, cluster, fp8, top=1, trainer="torchtitan")
     # The searcher prices fp8 gathers as simulate does, and its best plan exports.
     rep = search(model, cluster, fp8, top=1, trainer="torchtitan", fix="zero=3").reports[0]
     top = parse_plan({k: v for k, v in rep.plan.items() if v is not None})

@@ -128,7 +128,12 @@ def _float8_tables(ctx: ExportContext, model_table: dict[str, Any]) -> dict[str,
     ``quantize.linear.float8`` converter, compiled (docs/float8.md: compile is "required for
     competitive performance"), fp8 FSDP all-gathers when FSDP shards, the output layer left
     in 16 bits (as torchtitan's llama3_405b.toml)."""
-    gather = ctx.dp > 1 and ctx.plan.zero_stage >= 1  # FSDP shards (the profile's run fact)
+    t = ctx.training
+    # torchtitan enables fp8 gathers only where FSDP shards over data-parallel replicas
+    # (float8.py: parallel_dims.dp_shard_enabled); the profile turns them on unless the user
+    # set fp8_param_gather (as trainer_training does).
+    wanted = t.fp8_param_gather if "fp8_param_gather" in t.model_fields_set else True
+    gather = wanted and ctx.dp > 1 and ctx.plan.zero_stage >= 1
     return {
         "model": {**model_table, "converters": ["quantize.linear.float8"]},
         "compile": {"enable": True, "components": ["model", "loss"]},
@@ -161,6 +166,10 @@ def _check(ctx: ExportContext) -> None:
     if t.precision == "fp16":
         raise refuse("training.precision", t.precision, TRAINER, "bf16, fp32 "
                      "(mixed_precision_param) or fp8 (the quantize.linear.float8 converter)")
+    if t.precision == "fp8" and m.is_moe:
+        raise refuse("training.precision", "fp8", TRAINER, "bf16 for mixture-of-experts "
+                     "models: torchtitan's float8 converter converts nn.Linear only, and fp8 "
+                     "experts are the prototype quantize.grouped_mm.float8")
     if t.precision == "fp8" and t.kernels == "eager":
         raise refuse("training.kernels", "eager", TRAINER, "fp8 runs compiled: the export "
                      "turns torch.compile on with the float8 converter")

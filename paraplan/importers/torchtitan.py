@@ -95,9 +95,15 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
     training["precision"] = "fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"
     converters = (data.get("model") or {}).get("converters") or []
     if "quantize.linear.float8" in converters or "float8" in converters:
-        training["precision"] = "fp8"  # torchao Float8Linear (the 405B config's "float8")
+        # torchao Float8Linear; "float8" (in torchtitan's own llama3_405b.toml) is accepted
+        # although v0.2.2 registers only "quantize.linear.float8".
+        training["precision"] = "fp8"
         fp8 = ((data.get("quantize") or {}).get("linear") or {}).get("float8") or {}
         training["fp8_param_gather"] = bool(fp8.get("enable_fsdp_float8_all_gather", False))
-    if (data.get("compile") or {}).get("enable"):
-        training["kernels"] = "fused"
+    comp = data.get("compile") or {}
+    compiled = comp.get("components", ["model", "loss"]) if comp.get("enable") else []
+    # What torch.compile covers, stated (fp8 would otherwise be priced compiled).
+    training["kernels"] = "fused" if "model" in compiled else "eager"
+    if "model" in compiled and "loss" not in compiled:
+        training["loss_kernels"] = "eager"
     return ImportedConfig("torchtitan", plan, training, {}, path)

@@ -160,8 +160,8 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
     native kernels either way. MoE layers add routing their tokens to the experts and back
     (``moe.permute_elements_per_token``, on the rank's own tokens: the mean load); the expert
-    activation runs on the busiest rank's rows (``moe.load_factor``). Counts are for 16-bit elements and scale with the
-    element size (fp32 training: x2).
+    activation runs on the busiest rank's rows (``moe.load_factor``). Counts are for 16-bit
+    elements and scale with the element size (fp32 training: x2).
     """
     h = model.hidden_size
     t = plan.tp

@@ -19,8 +19,8 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 
 
 def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
-                    plan: ParallelPlan, training: TrainingSpec, count: float
-                    ) -> tuple[float, float]:
+                    plan: ParallelPlan, training: TrainingSpec, count: float, *,
+                    gather_bytes: float | None = None) -> tuple[float, float]:
     """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
     in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
 
@@ -35,9 +35,13 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 
     Returns (gradient part, parameter part): the all-reduce and 0 for DDP, the reduce-scatter
     and the all-gather for ZeRO-1/2 (ZeRO-2 repeats the first every micro-batch: step.py).
+    ``gather_bytes``: bytes per gathered parameter (default: ``training.param_gather_bytes``
+    over the plan's, else the group's, data-parallel degree).
     """
     if count <= 0 or len(group) <= 1:
         return 0.0, 0.0
+    if gather_bytes is None:
+        gather_bytes = training.param_gather_bytes(plan.dp or len(group))
     buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
     grad_bytes = effective_grad_bytes(model, training, plan)
 
@@ -50,6 +54,6 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 
     if plan.zero_stage in (1, 2):
         return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter"),
-                0.5 * all_reduce(count * training.param_gather_bytes)
+                0.5 * all_reduce(count * gather_bytes)
                 / coll.kind_efficiency(topo, "all_gather"))
     return all_reduce(count * grad_bytes), 0.0

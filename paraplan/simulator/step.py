@@ -257,7 +257,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     bubble = max(0.0, span - m * (t_f[crit] + t_b[crit]) - pp_comm)
 
     # ---- data-parallel synchronisation ---------------------------------------------------
-    grad_bytes = effective_grad_bytes(model, training, plan)
+    grad_bytes, cbytes = effective_grad_bytes(model, training, plan), training.compute_bytes
+    gather_bytes = training.param_gather_bytes(dp)  # dense weights; experts gather in cbytes
     edp = max(1, dp * cp * t // (plan.ep * plan.expert_tp))
     dense0, experts0 = params_per_stage(model, plan, layers, crit, moe_per_rank)
     units = max(1, layers[crit])
@@ -277,26 +278,25 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             return chunks * coll.group_collective(topo, group, kind, nbytes / chunks)
 
         if plan.zero_stage == 3:
-            # FSDP: per layer, all-gather the weights for forward and again for backward, and
-            # reduce-scatter the gradients, every micro-batch; prefetching hides it behind that
-            # micro-batch's compute. A checkpointed layer is recomputed inside its backward,
-            # while its weights are gathered, so recomputation adds no gather.
-            gather = chunked("all_gather", dp_group, dense * training.param_gather_bytes, units)
+            # FSDP: per layer and micro-batch, all-gather the weights for forward and backward,
+            # reduce-scatter the gradients; prefetching hides it behind that compute. Recompute
+            # runs inside the backward while its weights are gathered: no extra gather.
+            gather = chunked("all_gather", dp_group, dense * gather_bytes, units)
             scatter = chunked("reduce_scatter", dp_group, dense * grad_bytes, units)
             if experts:
-                gather += chunked("all_gather", edp_group, experts * training.param_gather_bytes,
-                                  units)
+                gather += chunked("all_gather", edp_group, experts * cbytes, units)
                 scatter += chunked("reduce_scatter", edp_group, experts * grad_bytes, units)
             per_mb = 2 * gather + scatter
             compute_mb = t_f[crit] + t_b[crit]
-            # Exposed: what compute cannot hide, the first layer's gather, and the SMs NCCL
-            # takes from compute while overlapped.
+            # Exposed: what compute cannot hide, the first gather, NCCL's SMs while overlapped.
             z3 = m * (max(0.0, per_mb - compute_mb)
                       + min(per_mb, compute_mb) * device.nccl_slowdown)
             return 0.0, z3 + gather / units
-        grads, params = grad_sync_parts(topo, dp_group, model, plan, training, dense)
+        grads, params = grad_sync_parts(topo, dp_group, model, plan, training, dense,
+                                        gather_bytes=gather_bytes)
         if experts:
-            eg, ep_ = grad_sync_parts(topo, edp_group, model, plan, training, experts)
+            eg, ep_ = grad_sync_parts(topo, edp_group, model, plan, training, experts,
+                                      gather_bytes=cbytes)
             grads, params = grads + eg, params + ep_
         buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
         window = t_b[0] if plan.overlap_grad_reduce else 0.0

@@ -68,6 +68,9 @@ class TrainerCan(StrictModel):
     recompute: list[Recompute]
     """Activation recomputation kinds."""
     precisions: list[Precision]
+    fp8_moe: bool = True
+    """fp8 for mixture-of-experts models (their expert GEMMs in fp8); False where the
+    trainer's fp8 path converts dense linear layers only."""
     """Compute precisions."""
     microbatches_per_stage: bool = False
     """With pp > 1 every pipeline stage (pp * vpp of them) needs at least one micro-batch."""
@@ -211,6 +214,9 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if missing:
         out.append(f"{who} has no {', '.join(missing)} in its model code (the model needs "
                    "them)")
+    if model.is_moe and training.precision == "fp8" and not can.fp8_moe:
+        out.append(f"{who} trains mixture-of-experts models in fp8 only as a prototype "
+                   "paraplan does not write; use bf16")
     if model.is_moe and not can.moe:
         out.append(f"{who} (as paraplan exports it) has no mixture-of-experts models")
     elif p.ep > 1 and not can.expert_parallel:

@@ -120,13 +120,17 @@ class TrainingSpec(StrictModel):
         """Bytes per weight/activation element (fp8 runs keep bf16 tensors)."""
         return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]
 
-    @property
-    def param_gather_bytes(self) -> int:
-        """Bytes per parameter element a ZeRO/FSDP parameter all-gather moves: 1 with fp8
-        all-gathers (``fp8_param_gather``), else the compute dtype. The embedding and norms
-        stay 16-bit under torchao; they are a small share of a block's weights and are
-        counted at 1 byte too."""
-        return 1 if (self.fp8_param_gather and self.precision == "fp8") else self.compute_bytes
+    def param_gather_bytes(self, dp: int) -> int:
+        """Bytes per dense parameter element a ZeRO/FSDP parameter all-gather over ``dp``
+        data-parallel replicas moves: 1 with fp8 all-gathers (``fp8_param_gather``) when
+        ``dp > 1``, else the compute dtype. torchtitan enables them only when FSDP shards over
+        data-parallel replicas (v0.2.2 float8.py: ``parallel_dims.dp_shard_enabled``); sharding
+        over context-parallel ranks alone gathers in 16 bits. Expert weights are not
+        ``nn.Linear`` modules and are never gathered in fp8 (callers use ``compute_bytes``).
+        The embedding and norms stay 16-bit under torchao; they are a small share of the
+        weights and are counted at 1 byte too."""
+        fp8 = self.fp8_param_gather and self.precision == "fp8" and dp > 1
+        return 1 if fp8 else self.compute_bytes
 
     @property
     def optimizer_state_bytes_per_param(self) -> int:

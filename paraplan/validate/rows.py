@@ -393,8 +393,11 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["moe_a2a_overlap"] = _flag(row, "moe_a2a_overlap", False)
         if cell(row, "moe_load_imbalance"):
             explicit["moe_load_imbalance"] = float(cell(row, "moe_load_imbalance"))
-        s.notes.append(f"{explicit.get('kernels', trainer.runs.kernels)} non-GEMM kernels "
-                       f"({'torch.compile' if 'kernels' in explicit else trainer.name})")
+        fp8_compiled = precision == "fp8" and trainer.runs.fp8_compiles
+        kernels = explicit.get("kernels", "fused" if fp8_compiled else trainer.runs.kernels)
+        how = "torch.compile" if "kernels" in explicit else (
+            f"{trainer.name} compiles fp8 runs" if fp8_compiled else trainer.name)
+        s.notes.append(f"{kernels} non-GEMM kernels ({how})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":
             # torchtitan's selective mode defaults to selective_ac_option = "op".
             s.plan = s.plan.model_copy(update={"recompute": "op"})

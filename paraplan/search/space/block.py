@@ -58,7 +58,8 @@ class Context:
     dev: Device
     cb: float
     gather_bytes: float
-    """Bytes per parameter of ZeRO/FSDP parameter all-gathers (``param_gather_bytes``)."""
+    """Bytes per dense parameter of ZeRO/FSDP parameter all-gathers with dp > 1
+    (``TrainingSpec.param_gather_bytes``; ``cb`` with dp = 1 and for experts)."""
     grad_bytes: np.ndarray
     """Gradient bytes per element on the wire, per plan."""
     slow: float
@@ -226,29 +227,30 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     z3 = z == 3
     g = ctx.ginv[idx]
     gb = ctx.grad_bytes[idx]
-    gather = _chunked(ctx.ag[g], dense0 * ctx.gather_bytes, units)
+    gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
+    gather = _chunked(ctx.ag[g], dense0 * gbytes, units)
     scatter = _chunked(ctx.rs[g], dense0 * gb, units)
     # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params, each half
     # an all-reduce on its volume over the library's speed on that kind (step.py).
     z12 = (z == 1) | (z == 2)
     eff_rs, eff_ag = ctx.kind_eff
 
-    def _reduce(ar_l: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _reduce(ar_l: np.ndarray, count: np.ndarray, pbytes: np.ndarray | float
+                ) -> tuple[np.ndarray, np.ndarray]:
         """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
         buckets = count / DDP_BUCKET_ELEMENTS
         grads = _chunked(ar_l, count * gb, buckets)
         return (np.where(z12, 0.5 * grads / eff_rs, grads),
-                np.where(z12, 0.5 * _chunked(ar_l, count * ctx.gather_bytes, buckets) / eff_ag,
+                np.where(z12, 0.5 * _chunked(ar_l, count * pbytes, buckets) / eff_ag,
                          0.0))
 
-    g_part, p_part = _reduce(ctx.ar[g], dense0)
+    g_part, p_part = _reduce(ctx.ar[g], dense0, gbytes)
     if model.is_moe:
         e = ctx.einv[idx]
         has = exp0 != 0
-        gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * ctx.gather_bytes, units),
-                                   0.0)
+        gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
         scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
-        eg, ep_ = _reduce(ctx.ear[e], exp0)
+        eg, ep_ = _reduce(ctx.ear[e], exp0, cb)
         g_part = g_part + np.where(has, eg, 0.0)
         p_part = p_part + np.where(has, ep_, 0.0)
     sync = g_part + p_part

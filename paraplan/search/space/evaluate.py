@@ -178,7 +178,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     t_p2p = np.where(c["pp"] > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
                                          / lines_of[:, :, 1], axis=1), 0.0)
 
-    ctx = Context(dev=dev, cb=cb, gather_bytes=float(training.param_gather_bytes),
+    ctx = Context(dev=dev, cb=cb, gather_bytes=float(training.param_gather_bytes(2)),
                   grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
                   fsdp_coef=fsdp_coef, regather=training.zero2_regather, overlap=overlap,
                   interval=interval, capacity_bytes=capacity * GiB,

@@ -38,6 +38,10 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
     if model.is_moe and training.moe_a2a_overlap and not can.moe_a2a_overlap:
         raise SpecError(f"{who} cannot overlap expert-parallel all-to-alls with compute",
                         field="--moe-a2a-overlap", value=True)
+    if model.is_moe and training.precision == "fp8" and not can.fp8_moe:
+        raise SpecError(f"{who} trains mixture-of-experts models in fp8 only as a prototype "
+                        "paraplan does not write", field="--precision", value="fp8",
+                        allowed=[p for p in can.precisions if p != "fp8"])
     if training.precision not in can.precisions:
         raise SpecError(f"{who} cannot train in {training.precision}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
