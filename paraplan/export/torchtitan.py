@@ -32,9 +32,14 @@ import json
 from typing import Any
 
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
+from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.trainer import trainer_training
 
 TRAINER = "torchtitan"
+FLOAT8_CONVERTER = "quantize.linear.float8"
+"""The ``model.converters`` name torchtitan v0.2.2 registers for torchao's Float8Linear
+(components/quantization/float8.py L238)."""
 VERSION = "v0.2.2"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
@@ -128,14 +133,12 @@ def _float8_tables(ctx: ExportContext, model_table: dict[str, Any]) -> dict[str,
     ``quantize.linear.float8`` converter, compiled (docs/float8.md: compile is "required for
     competitive performance"), fp8 FSDP all-gathers when FSDP shards, the output layer left
     in 16 bits (as torchtitan's llama3_405b.toml)."""
-    t = ctx.training
-    # torchtitan enables fp8 gathers only where FSDP shards over data-parallel replicas
-    # (float8.py: parallel_dims.dp_shard_enabled); the profile turns them on unless the user
-    # set fp8_param_gather (as trainer_training does).
-    wanted = t.fp8_param_gather if "fp8_param_gather" in t.model_fields_set else True
-    gather = wanted and ctx.dp > 1 and ctx.plan.zero_stage >= 1
+    # fp8 gathers as simulate prices them: the profile's fact unless the user set it, and
+    # only where FSDP shards over data-parallel replicas (TrainingSpec.param_gather_bytes).
+    training = trainer_training(load_trainer(TRAINER), ctx.training)
+    gather = ctx.plan.zero_stage >= 1 and training.param_gather_bytes(ctx.dp) == 1
     return {
-        "model": {**model_table, "converters": ["quantize.linear.float8"]},
+        "model": {**model_table, "converters": [FLOAT8_CONVERTER]},
         "compile": {"enable": True, "components": ["model", "loss"]},
         "quantize.linear.float8": {"enable_fsdp_float8_all_gather": gather,
                                    "precompute_float8_dynamic_scale_for_fsdp": gather,

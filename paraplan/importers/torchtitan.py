@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from paraplan.export.torchtitan import FLOAT8_CONVERTER
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs import safe_io
 from paraplan.specs.plan import ParallelPlan
@@ -94,7 +95,7 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
         training["seq_len"] = as_int(tr["seq_len"], "training.seq_len")
     training["precision"] = "fp32" if tr.get("mixed_precision_param") == "float32" else "bf16"
     converters = (data.get("model") or {}).get("converters") or []
-    if "quantize.linear.float8" in converters or "float8" in converters:
+    if FLOAT8_CONVERTER in converters or "float8" in converters:
         # torchao Float8Linear; "float8" (in torchtitan's own llama3_405b.toml) is accepted
         # although v0.2.2 registers only "quantize.linear.float8".
         training["precision"] = "fp8"

@@ -68,10 +68,10 @@ class TrainerCan(StrictModel):
     recompute: list[Recompute]
     """Activation recomputation kinds."""
     precisions: list[Precision]
+    """Compute precisions."""
     fp8_moe: bool = True
     """fp8 for mixture-of-experts models (their expert GEMMs in fp8); False where the
     trainer's fp8 path converts dense linear layers only."""
-    """Compute precisions."""
     microbatches_per_stage: bool = False
     """With pp > 1 every pipeline stage (pp * vpp of them) needs at least one micro-batch."""
     one_f_one_b_needs_pp_minus_1: bool = False
@@ -296,17 +296,22 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
-             "dropout": runs.dropout, "kernels": runs.kernels,
+             "dropout": runs.dropout,
              "fp8_weight_cache": runs.fp8_weight_cache,
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "moe_a2a_overlap": runs.moe_a2a_overlap,
-             "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8"}
-    if training.precision == "fp8" and runs.fp8_compiles:
-        facts["kernels"] = "fused"
+             "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
+             "kernels": run_kernels(runs, training.precision)}
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})
+
+
+def run_kernels(runs: TrainerRuns, precision: str) -> Literal["fused", "eager"]:
+    """The non-GEMM kernels the trainer runs at ``precision``: fused for fp8 where it compiles
+    fp8 runs (``fp8_compiles``), else its ``kernels``."""
+    return "fused" if precision == "fp8" and runs.fp8_compiles else runs.kernels
 
 
 def tp_overlap(runs: TrainerRuns, tp: int, sequence_parallel: bool) -> bool:

@@ -41,7 +41,7 @@ from paraplan.specs import (
     load_cluster,
 )
 from paraplan.specs.loaders import cluster_from_dict, load_gpu, load_trainer
-from paraplan.specs.trainer import TrainerSpec, apply_trainer
+from paraplan.specs.trainer import TrainerSpec, apply_trainer, run_kernels
 from paraplan.validate.conventions import (
     SOURCES,
     precision_from_text,
@@ -393,10 +393,10 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["moe_a2a_overlap"] = _flag(row, "moe_a2a_overlap", False)
         if cell(row, "moe_load_imbalance"):
             explicit["moe_load_imbalance"] = float(cell(row, "moe_load_imbalance"))
-        fp8_compiled = precision == "fp8" and trainer.runs.fp8_compiles
-        kernels = explicit.get("kernels", "fused" if fp8_compiled else trainer.runs.kernels)
+        kernels = explicit.get("kernels", run_kernels(trainer.runs, precision))
         how = "torch.compile" if "kernels" in explicit else (
-            f"{trainer.name} compiles fp8 runs" if fp8_compiled else trainer.name)
+            f"{trainer.name} compiles fp8 runs" if kernels != trainer.runs.kernels
+            else trainer.name)
         s.notes.append(f"{kernels} non-GEMM kernels ({how})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":
             # torchtitan's selective mode defaults to selective_ac_option = "op".
