@@ -36,6 +36,10 @@ CASES = (
                                                    "grad_reduce_fp32": True,
                                                    "cp_merge": "eager_fp32",
                                                    "zero2_regather": True}),
+    # DeepEP with the expert-parallel all-to-all overlap: its SMs and its extra warm-up
+    # micro-batch (moe.a2a_overlap_warmup)
+    ("mixtral-8x7b", "dgx-h100", 4, 256, 4096, {"moe_dispatcher": "hierarchical",
+                                                 "moe_a2a_overlap": True}),
 )
 
 

@@ -219,9 +219,21 @@ def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, tr
     if best is None:
         raise SpecError("--export: the search found no feasible plan to export",
                         field="--export", value=fmt)
-    ctx = export_context(model, training, parse_plan(best.plan), cluster=cluster)
+    from paraplan.search.dispatch import run_training
+
+    # The MoE dispatcher and all-to-all overlap the plan was ranked under are part of it.
+    ctx = export_context(model, run_training(training, best), parse_plan(best.plan),
+                         cluster=cluster)
     search = json.loads(json.dumps(data, default=json_default))
     write_export(fmt, ctx, out, report=best.to_dict(), search=search, quiet=quiet)
+
+
+def _run_suffix(rep: dict[str, Any]) -> str:
+    """The MoE run setting a plan was ranked under, for the table (nothing for alltoall
+    without overlap, the trainers' plain setting, and for dense models)."""
+    words = (["deepep"] if rep.get("moe_dispatcher") == "hierarchical" else []) + \
+        (["a2a-overlap"] if rep.get("moe_a2a_overlap") else [])
+    return "".join(f" {w}" for w in words)
 
 
 def _explain(data: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +276,7 @@ def _print_best(out: Console, data: dict[str, Any], model_name: str, cluster: An
         parts = sorted(((rep["time_s"][k], k) for k in STEP_PARTS), reverse=True)
         where = " ".join(f"{k.replace('_comm', '')} {100 * v / total:.0f}%"
                          for v, k in parts[:3] if v > 0)
-        table.add_row(str(i), rep.get("plan_short", ""), fmt_time(total),
+        table.add_row(str(i), rep.get("plan_short", "") + _run_suffix(rep), fmt_time(total),
                       f"{100 * rep['mfu']:.1f}%", f"{rep['tokens_per_s']:,.0f}",
                       f"{rep['memory_gb']['peak']:.1f} / {rep.get('memory_capacity_gb', 0):g}",
                       where)

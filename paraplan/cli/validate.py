@@ -132,8 +132,8 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
 
 def validate_recipes_cmd(
     source: Annotated[list[str] | None, typer.Option(
-        "--source", help="dgxc_nemo_h100, torchtitan or mosaicml_llmfoundry_mpt (repeat; "
-        "default: all three).")] = None,
+        "--source", help="dgxc_nemo_h100, megatron_bridge_moe, torchtitan or "
+        "mosaicml_llmfoundry_mpt (repeat; default: all four).")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Search every bundled tuned recipe again (same model, GPUs, batch, sequence, its
@@ -169,7 +169,9 @@ def validate_recipes_cmd(
         # A recipe the memory model calls out of memory (it ran) is not among the ranked plans.
         mark = "" if r["recipe_in_space"] else ("!" if not r.get("recipe_fits", True) else "*")
         rank = str(r["rank"]) + mark
-        table.add_row(str(r["index"]), r["model"], r["recipe"], r["best"], rank,
+        recipe, best = (f"{r['recipe']} ({r['recipe_run']})", f"{r['best']} ({r['best_run']})"
+                        ) if "recipe_run" in r else (r["recipe"], r["best"])
+        table.add_row(str(r["index"]), r["model"], recipe, best, rank,
                       f"{r['gain']:.3f}", why or "-")
     console().print(table)
     if result["n"]:

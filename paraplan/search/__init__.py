@@ -12,7 +12,7 @@ import sys
 import types
 from typing import Any
 
-from paraplan.search.dispatch import SEARCHERS, search
+from paraplan.search.dispatch import SEARCHERS, run_training, search
 from paraplan.search.exhaustive import SearchResult, exhaustive_search
 from paraplan.search.space import SpaceOptions, parse_fix
 
@@ -28,4 +28,5 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["SEARCHERS", "SearchResult", "SpaceOptions", "exhaustive_search", "parse_fix",
+           "run_training",
            "search"]

@@ -4,10 +4,13 @@ evolutionary (DT-FM placement) search on one GPU type spread over regions or une
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from typing import Any
 
-from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search
+from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search, rank_key
 from paraplan.search.space import SpaceOptions, parse_fix
+from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
@@ -17,6 +20,8 @@ from paraplan.specs.trainer import TrainerSpec, trainer_reasons, trainer_trainin
 from paraplan.specs.training import TrainingSpec
 
 SEARCHERS = ("auto", "exhaustive", "ilp", "dp", "evolutionary")
+MOE_RUN_FIELDS = ("moe_dispatcher", "moe_a2a_overlap")
+"""Training fields of an MoE run that a search chooses per plan (``moe_runs``), unless set."""
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -38,12 +43,118 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     pins = parse_fix(fix)
     spec = None if trainer is None else (
         trainer if isinstance(trainer, TrainerSpec) else load_trainer(trainer))
+    chosen = set(training.model_fields_set)  # what the user set (the trainer's facts add to it)
     if spec is not None:
         training = trainer_training(spec, training)
-    result = _run(model, cluster, training, searcher, top, pins, options, progress, seed, spec)
-    if spec is not None:
-        _check_runnable(result, spec, model, training)
-    return result
+    runs = moe_runs(model, training, spec, pins, chosen)
+    results: list[SearchResult] = []
+    failures: list[SpecError] = []
+    for i, run in enumerate(runs):
+        try:
+            result = _run(model, cluster, run, searcher, top, pins, options,
+                          _part(progress, i, len(runs)), seed, spec)
+        except SpecError as exc:  # e.g. nothing fits without the overlap: try the others
+            failures.append(exc)
+            continue
+        if spec is not None:
+            _check_runnable(result, spec, model, run)
+        if model.is_moe:
+            for rep in result.reports:
+                rep.extra.update({k: getattr(run, k) for k in MOE_RUN_FIELDS})
+        results.append(result)
+    if not results:
+        raise failures[0]
+    if len(runs) == 1:
+        return results[0]
+    return _merge(results, runs, top)
+
+
+def moe_runs(model: ModelSpec, training: TrainingSpec, trainer: TrainerSpec | None,
+             pins: dict[str, Any], chosen: set[str] | None = None) -> list[TrainingSpec]:
+    """The MoE run settings a search ranks plans under: every token dispatcher the trainer
+    has (``can.moe_dispatchers``), each with and without the expert-parallel all-to-all
+    overlap where it has that (``can.moe_a2a_overlap``), the trainer's own setting first.
+    A field the user set (``chosen``, default ``training.model_fields_set``: the
+    ``--moe-dispatcher``, ``--moe-a2a-overlap`` options) stays as set; DeepEP is
+    left out when ``--fix`` pins a capacity factor (it drops no tokens). Dense models, and
+    searches without a trainer (the plan fields' defaults), get ``[training]``.
+
+    Both knobs are priced (``simulator.layer.layer_parts``: DeepEP's deduplicated,
+    NVLink-forwarded sends; the overlap hides the all-to-alls under the other micro-batch's
+    compute and takes the communication kernels' SMs from it) and each has the trainer's
+    rules (``trainer_reasons``), so a plan that needs one is ranked with its cost, not left
+    out of reach because the profile's exported default does not use it."""
+    if not model.is_moe or trainer is None:
+        return [training]
+    can = trainer.can
+    chosen = training.model_fields_set if chosen is None else chosen
+    dispatchers = ([training.moe_dispatcher] if "moe_dispatcher" in chosen
+                   else list(dict.fromkeys([training.moe_dispatcher, *can.moe_dispatchers])))
+    if pins.get("moe_capacity_factor") is not None and "moe_dispatcher" not in chosen:
+        dispatchers = [d for d in dispatchers if d != "hierarchical"] or dispatchers
+    overlaps = ([training.moe_a2a_overlap] if "moe_a2a_overlap" in chosen or
+                not can.moe_a2a_overlap else [training.moe_a2a_overlap,
+                                              not training.moe_a2a_overlap])
+    return [training.model_copy(update={"moe_dispatcher": d, "moe_a2a_overlap": o})
+            for d in dispatchers for o in overlaps]
+
+
+def run_training(training: TrainingSpec, report: StepReport) -> TrainingSpec:
+    """``training`` with the MoE run settings a searched plan was ranked under (its
+    ``moe_dispatcher`` / ``moe_a2a_overlap`` extras): what simulating or exporting that plan
+    needs to price it as ranked."""
+    update = {k: report.extra[k] for k in MOE_RUN_FIELDS if k in report.extra}
+    return training.model_copy(update=update) if update else training
+
+
+def _part(progress: Progress | None, i: int, parts: int) -> Progress | None:
+    """Progress of the i-th of ``parts`` equal searches as a fraction of them all."""
+    if progress is None or parts == 1:
+        return progress
+    return lambda done, total: progress(i * total + done, parts * total)
+
+
+def _merge(results: list[SearchResult], runs: list[TrainingSpec], top: int) -> SearchResult:
+    """One ranking of the searches under each MoE run setting: the ``top`` fastest distinct
+    plans (a plan priced alike under two settings, e.g. ep = 1 under either dispatcher, keeps
+    the first setting's report: the trainer's own)."""
+    reports, seen = [], set()
+    pool = [r for res in results for r in res.reports]
+    pool.sort(key=lambda r: (not r.feasible, rank_key(r) if r.step_time_s is not None
+                             else (float("inf"), 0.0, 0)))
+    for rep in pool:
+        key = json.dumps(rep.plan, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            reports.append(rep)
+    rejected: Counter = Counter()
+    for res in results:
+        rejected.update(res.rejected)
+    baselines = [r.baseline_step_time_s for r in results if r.baseline_step_time_s is not None]
+    notes = list(dict.fromkeys(n for res in results for n in res.notes))
+    labels = [run_label(r) for r in runs]
+    notes.append(f"MoE plans ranked under {len(runs)} run settings ({', '.join(labels)}); "
+                 "each plan shows the one it was priced with")
+    extra: dict[str, Any] = {}
+    for res in results:  # counts (feasible_plans) add up; other facts are the first run's
+        for k, v in res.extra.items():
+            summed = k in extra and isinstance(v, int) and not isinstance(v, bool)
+            extra[k] = extra[k] + v if summed else extra.get(k, v)
+    extra["moe_runs"] = [{k: getattr(r, k) for k in MOE_RUN_FIELDS} for r in runs]
+    first = results[0]
+    return SearchResult(
+        searcher=first.searcher, plans_evaluated=sum(r.plans_evaluated for r in results),
+        search_time_s=sum(r.search_time_s for r in results), reports=reports[:top],
+        baseline_step_time_s=min(baselines) if baselines else None, rejected=dict(rejected),
+        considered=sum(r.considered for r in results), notes=notes, extra=extra)
+
+
+def run_label(run: TrainingSpec | dict[str, Any]) -> str:
+    """An MoE run setting (a TrainingSpec, or a report's extras) in words: ``alltoall``,
+    ``deepep``, ``+ a2a-overlap``."""
+    get = run.get if isinstance(run, dict) else lambda k: getattr(run, k)
+    name = "deepep" if get("moe_dispatcher") == "hierarchical" else "alltoall"
+    return name + (" + a2a-overlap" if get("moe_a2a_overlap") else "")
 
 
 def _check_runnable(result: SearchResult, trainer: TrainerSpec, model: ModelSpec,

@@ -20,6 +20,16 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
 
+def a2a_overlap_warmup(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> int:
+    """Forwards the expert-parallel all-to-all overlap adds to the schedule's warm-up (1 when
+    it runs: an MoE model, ``training.moe_a2a_overlap`` and ep > 1; else 0): each forward
+    runs beside another micro-batch's backward, so one more micro-batch's activations are
+    live (``pipeline.inflight_microbatches``' ``extra``; Megatron-Core schedules.py adds one
+    warm-up micro-batch under ``overlap_moe_expert_parallel_comm``, combined_1f1b.py overlaps
+    micro-batch k's forward with k - 1's backward without pipelining)."""
+    return int(model.is_moe and training.moe_a2a_overlap and plan.ep > 1)
+
+
 def sp_split(plan: ParallelPlan) -> int:
     """How many ways the MoE layer's input tokens are split over the TP ranks: ``tp`` under
     sequence parallelism; 1 without it, when every TP rank holds (and routes) all of them.

@@ -385,7 +385,8 @@ def overlapped_p2p(t_p2p_s: float, window_s: float, nccl_slowdown: float) -> flo
     return max(0.0, t_p2p_s - window_s) + min(t_p2p_s, window_s) * nccl_slowdown
 
 
-def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1) -> float:
+def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1,
+                          extra: int = 0) -> float:
     """Peak micro-batches with live activations on ``stage``, in whole-stage micro-batches.
 
     gpipe: m. 1f1b: min(p - stage, m). zb-h1: min(p, m) on every stage, since activations live
@@ -396,12 +397,20 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1)
     Narayanan et al. 2021 / Korthikanti et al. 2022 formula. All equal the event simulation's
     ``peak_inflight`` (divided by v for interleaved).
 
+    ``extra`` forwards run ahead in the warm-up (chunk-forwards when interleaved): Megatron-Core's
+    expert-parallel all-to-all overlap pairs each forward with another micro-batch's backward,
+    so it warms up one forward more (schedules.py ``num_warmup_microbatches += 1`` under
+    ``overlap_moe_expert_parallel_comm``) and, without pipelining, runs micro-batch k's forward
+    while k - 1's activations are still live (combined_1f1b.py
+    ``combined_1f1b_schedule_for_no_pipelining``): ``moe.a2a_overlap_warmup``.
+
     Args:
         schedule: One of :data:`SCHEDULES`.
         p: Pipeline stages.
         m: Micro-batches per step.
         stage: Pipeline rank, 0..p-1.
         v: Model chunks per rank (``interleaved`` only).
+        extra: Additional warm-up forwards (0 for the plain schedules).
 
     Returns:
         Activation-memory multiplier (one unit = one micro-batch's activations for the stage).
@@ -412,10 +421,12 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1)
     _check(schedule, p, m, v)
     if not 0 <= stage < p:
         raise ValueError(f"stage {stage} outside 0..{p - 1}")
+    if extra < 0:
+        raise ValueError(f"extra={extra} must be >= 0")
     if schedule == "gpipe":
         return float(m)
     if schedule == "zb-h1":
-        return float(min(p, m))
+        return float(min(p + extra, m))
     if schedule == "interleaved" and v > 1:
-        return min(2 * (p - stage - 1) + (v - 1) * _group_size(p, m) + 1, m * v) / v
-    return float(min(p - stage, m))
+        return min(2 * (p - stage - 1) + (v - 1) * _group_size(p, m) + 1 + extra, m * v) / v
+    return float(min(p - stage + extra, m))

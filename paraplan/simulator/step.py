@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from paraplan.simulator import collectives as coll
+from paraplan.simulator import moe as routing
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
@@ -344,7 +345,9 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     step = span + dp_time + zero3_exposed + opt + copies
 
     # ---- memory --------------------------------------------------------------------------
-    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v) for r in range(p)]
+    warm = routing.a2a_overlap_warmup(model, training, plan)
+    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v, extra=warm)
+                for r in range(p)]
     mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
                                               inflight=inflight, moe_layers=moe_per_rank)
     # A stage's capacity is its smallest GPU; the worst stage is the one closest to (or

@@ -9,6 +9,7 @@ import numpy as np
 
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import LayerActivations, pipeline_memory
+from paraplan.simulator.moe import a2a_overlap_warmup
 from paraplan.simulator.pipeline import inflight_microbatches
 from paraplan.simulator.step import even_split, head_times, layer_cost, stage_gpu_types
 from paraplan.specs.checks import validate_plan
@@ -60,7 +61,9 @@ def make_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                   plan.model_copy(update={"layers_per_stage": even_split(model.num_layers, p)}))
     dp = plan.resolved_dp(cluster.num_gpus)
     m = training.global_batch_size // (dp * plan.micro_batch_size)
-    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=1) for r in range(p)]
+    warm = a2a_overlap_warmup(model, training, plan)
+    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=1, extra=warm)
+                for r in range(p)]
     span = dp * plan.tp * plan.cp
     stage_gpus, stage_base = stage_gpu_types(cluster, plan, p, span)
     caps = [min(g.memory_GiB for g in gpus.values()) for gpus in stage_gpus]

@@ -177,7 +177,9 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)[:, None] \
         + np.where((dp > 1) & (z < 3), 1.0, 0.0)[:, None] \
         * np.minimum(dense_r + exp_r, DDP_BUCKET_ELEMENTS) * 4.0
-    infl = _inflight(sched, p, mi, v, rr)
+    warm = (ep > 1).astype(int) if model.is_moe and training.moe_a2a_overlap else \
+        np.zeros(len(idx), dtype=int)  # moe.a2a_overlap_warmup
+    infl = _inflight(sched, p, mi, v, rr, warm)
     act = (ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
         + act_static
     tensors = weights + grads + optim + act
@@ -297,20 +299,22 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
 
 
 def _inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
-              stages: np.ndarray) -> np.ndarray:
-    """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``."""
+              stages: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``, with
+    each plan's ``extra`` warm-up forwards."""
     r = stages[None, :]
     mm = m[:, None].astype(float)
-    out = np.minimum(p - r, mm)  # 1f1b
+    ex = extra[:, None].astype(float)
+    out = np.minimum(p - r + ex, mm)  # 1f1b
     gp = sched == SCHEDULES.index("gpipe")
     zb = sched == SCHEDULES.index("zb-h1")
     il = (sched == SCHEDULES.index("interleaved")) & (v > 1)
     out = np.where(gp[:, None], mm, out)
-    out = np.where(zb[:, None], np.minimum(p, mm), out)
+    out = np.where(zb[:, None], np.minimum(p + ex, mm), out)
     if il.any():
         um, minv = np.unique(m, return_inverse=True)
         g = np.array([_group_size(p, int(x)) for x in um], dtype=float)[minv.reshape(-1), None]
-        inter = np.minimum(2 * (p - r - 1) + (v - 1) * g + 1, mm * v) / v
+        inter = np.minimum(2 * (p - r - 1) + (v - 1) * g + 1 + ex, mm * v) / v
         out = np.where(il[:, None], inter, out)
     return out
 

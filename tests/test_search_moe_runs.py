@@ -1,0 +1,157 @@
+"""The MoE run settings a search chooses per plan: token dispatcher (NCCL all-to-all or
+DeepEP) and the expert-parallel all-to-all overlap, each priced and checked against the
+trainer's rules, the trainer's own setting first, the user's choice kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paraplan import TrainingSpec, load_cluster, load_model, simulate
+from paraplan.export import export_context, export_text
+from paraplan.search import run_training, search
+from paraplan.search.dispatch import moe_runs
+from paraplan.specs import ParallelPlan
+from paraplan.specs.loaders import load_trainer
+from paraplan.specs.trainer import trainer_reasons, trainer_training
+from tests.test_cli import run
+
+MIXTRAL = load_model("mixtral-8x7b")
+TRAINING = TrainingSpec(global_batch_size=256, seq_len=4096)
+
+
+def _settings(runs: list[TrainingSpec]) -> list[tuple[str, bool]]:
+    return [(r.moe_dispatcher, r.moe_a2a_overlap) for r in runs]
+
+
+def test_moe_runs_are_every_setting_the_trainer_has_its_own_first():
+    mc = load_trainer("megatron-core")
+    tr = trainer_training(mc, TRAINING)
+    assert _settings(moe_runs(MIXTRAL, tr, mc, {}, set())) == [
+        ("alltoall", False), ("alltoall", True), ("hierarchical", False),
+        ("hierarchical", True)]
+    # What the user set stays set; the rest is still searched.
+    pinned = TrainingSpec(global_batch_size=256, seq_len=4096, moe_dispatcher="hierarchical")
+    runs = moe_runs(MIXTRAL, trainer_training(mc, pinned), mc, {}, pinned.model_fields_set)
+    assert _settings(runs) == [("hierarchical", False), ("hierarchical", True)]
+    # DeepEP drops no tokens: a pinned capacity factor leaves it out.
+    assert _settings(moe_runs(MIXTRAL, tr, mc, {"moe_capacity_factor": 1.25}, set())) == [
+        ("alltoall", False), ("alltoall", True)]
+    # torchtitan has one dispatcher and no overlap; dense models and trainer-less searches
+    # (the plan fields' defaults) have nothing to choose.
+    tt = load_trainer("torchtitan")
+    assert _settings(moe_runs(MIXTRAL, trainer_training(tt, TRAINING), tt, {}, set())) == [
+        ("alltoall", False)]
+    assert moe_runs(load_model("llama3-8b"), tr, mc, {}, set()) == [tr]
+    assert moe_runs(MIXTRAL, TRAINING, None, {}, set()) == [TRAINING]
+
+
+def test_search_ranks_each_plan_under_the_run_setting_it_was_priced_with():
+    cl = load_cluster("dgx-h100", nodes=4)
+    res = search(MIXTRAL, cl, TRAINING, top=6, trainer="megatron-core")
+    mc = load_trainer("megatron-core")
+    base = trainer_training(mc, TRAINING)
+    assert len(res.extra["moe_runs"]) == 4 and "4 run settings" in res.notes[-1]
+    keys = [json.dumps(r.plan, sort_keys=True) for r in res.reports]
+    assert len(set(keys)) == len(keys) == 6
+    times = [r.step_time_s for r in res.reports]
+    assert times == sorted(times)
+    for rep in res.reports:
+        plan = ParallelPlan.model_validate(rep.plan)
+        tr = run_training(base, rep)
+        assert (tr.moe_dispatcher, tr.moe_a2a_overlap) == (rep.extra["moe_dispatcher"],
+                                                           rep.extra["moe_a2a_overlap"])
+        assert not trainer_reasons(mc, MIXTRAL, tr, plan, rep.extra["num_microbatches"])
+        again = simulate(MIXTRAL, cl, tr, plan, trainer=mc)
+        assert again.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
+    # Choosing among the settings never loses to the trainer's own setting alone.
+    plain = search(MIXTRAL, cl, TrainingSpec(global_batch_size=256, seq_len=4096,
+                                             moe_dispatcher="alltoall", moe_a2a_overlap=False),
+                   top=1, trainer="megatron-core")
+    assert "moe_runs" not in plain.extra
+    assert res.best.step_time_s <= plain.best.step_time_s * (1 + 1e-12)
+    assert res.plans_evaluated > plain.plans_evaluated
+
+
+def test_best_exports_the_run_setting_of_its_plan(tmp_path):
+    out = tmp_path / "run.sh"
+    res = run("best", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "4",
+              "--global-batch", "256", "--seq-len", "4096", "--top", "1", "--export",
+              "megatron", "--out", str(out), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    best = json.loads(res.stdout)["plans"][0]
+    text = out.read_text()
+    deepep = best["moe_dispatcher"] == "hierarchical" and best["ep"] * (best["etp"] or
+                                                                        best["tp"]) > 1
+    assert ("--moe-enable-deepep" in text) == deepep
+    assert ("--overlap-moe-expert-parallel-comm" in text) == bool(best["moe_a2a_overlap"])
+    # The user's --moe-dispatcher is kept: every plan then runs the NCCL all-to-all.
+    res = run("best", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "4",
+              "--global-batch", "256", "--seq-len", "4096", "--top", "3",
+              "--moe-dispatcher", "alltoall", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert {p["moe_dispatcher"] for p in json.loads(res.stdout)["plans"]} == {"alltoall"}
+
+
+def test_export_of_a_searched_plan_writes_its_dispatcher():
+    cl = load_cluster("dgx-h100", nodes=4)
+    res = search(MIXTRAL, cl, TrainingSpec(global_batch_size=256, seq_len=4096,
+                                           moe_dispatcher="hierarchical"),
+                 top=1, trainer="megatron-core", fix="ep=8")
+    best = res.best
+    assert best.extra["moe_dispatcher"] == "hierarchical"
+    tr = run_training(trainer_training(load_trainer("megatron-core"), TRAINING), best)
+    text = export_text("megatron", export_context(MIXTRAL, tr,
+                                                  ParallelPlan.model_validate(best.plan),
+                                                  cluster=cl))
+    assert "--moe-enable-deepep" in text
+
+
+def test_the_overlap_keeps_one_more_micro_batch_of_activations():
+    """Megatron-Core warms up one forward more under the all-to-all overlap (schedules.py),
+    and without pipelining runs micro-batch k's forward beside k - 1's backward."""
+    from paraplan.simulator.memory import GiB, layer_activations
+    from paraplan.simulator.pipeline import inflight_microbatches
+
+    assert inflight_microbatches("1f1b", 1, 8, 0) == 1.0
+    assert inflight_microbatches("1f1b", 1, 8, 0, extra=1) == 2.0
+    assert inflight_microbatches("1f1b", 1, 1, 0, extra=1) == 1.0  # nothing to pair with
+    # Interleaved p=4, v=2, m=8, stage 0: (2*3 + 1*4 + 1) / 2 chunk-forwards, one more.
+    assert inflight_microbatches("interleaved", 4, 8, 0, v=2) == 5.5
+    assert inflight_microbatches("interleaved", 4, 8, 0, v=2, extra=1) == 6.0
+    cl = load_cluster("dgx-h100", nodes=4)
+    plan = ParallelPlan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=1)
+    mem = {}
+    for overlap in (False, True):
+        tr = TrainingSpec(global_batch_size=256, seq_len=4096, moe_a2a_overlap=overlap)
+        mem[overlap] = simulate(MIXTRAL, cl, tr, plan, time_if_oom=True).memory_gb
+    one_mb = MIXTRAL.num_layers * layer_activations(MIXTRAL, tr, plan).moe / GiB
+    assert mem[True]["activations"] - mem[False]["activations"] == pytest.approx(one_mb)
+    # ep = 1: no all-to-all to overlap, nothing extra.
+    dense_ep = ParallelPlan(tp=1, pp=1, ep=1, zero_stage=3, micro_batch_size=1)
+    on = simulate(MIXTRAL, cl, tr, dense_ep, time_if_oom=True).memory_gb
+    off = simulate(MIXTRAL, cl, TRAINING, dense_ep, time_if_oom=True).memory_gb
+    assert on["activations"] == pytest.approx(off["activations"])
+
+
+def test_validate_recipes_ranks_an_moe_recipe_under_every_run_setting():
+    from paraplan.validate.recipes import RECIPE_SOURCES, check_recipe, recipe_cases
+
+    assert "megatron_bridge_moe" in RECIPE_SOURCES
+    cases = [c for c in recipe_cases(("megatron_bridge_moe",)) if c.num_gpus == 8]
+    assert cases and all(c.model.is_moe for c in cases)
+    row = check_recipe(cases[0])  # Qwen3-30B-A3B on 8 GPUs, DeepEP without the overlap
+    assert row["status"] == "ok" and row["recipe_run"] == "deepep"
+    assert row["best_run"] in ("alltoall", "alltoall + a2a-overlap", "deepep",
+                               "deepep + a2a-overlap")
+    assert row["gain"] == pytest.approx(row["recipe_step_time_s"] / row["best_step_time_s"])
+    assert row["recipe_in_space"] and row["recipe_fits"]
+    assert row["gain"] >= 1 - 1e-9 and row["plans_ranked"] > row["rank"] >= 1
+    # Ranked over the four settings, each plan once: more than under the recipe's own.
+    from paraplan.search.space import build_space, evaluate_space
+
+    own = build_space(cases[0].model, cases[0].cluster, cases[0].training,
+                      trainer=load_trainer("megatron-core"))
+    fits = int(evaluate_space(own, exact_interleaved=True).feasible.sum())
+    assert fits < row["plans_ranked"] < 4 * fits
