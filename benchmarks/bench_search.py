@@ -2,7 +2,7 @@
 the README). Each case runs in a fresh process state (caches cleared) three times; the median
 is reported.
 
-Run: python benchmarks/bench_search.py [--quick]
+Run: python benchmarks/bench_search.py [--quick] [--model M] [--trainer T [--pin-moe-run]]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from paraplan import TrainingSpec, load_cluster, load_model
 from paraplan.search import search
 from paraplan.search.space import build_space, evaluate_space
 from paraplan.simulator import step
+from paraplan.specs.loaders import load_trainer
 
 CASES = [
     # model, cluster preset, nodes, global batch, seq len
@@ -61,20 +62,29 @@ def _fresh(cluster_name: str, nodes: int):
     return load_cluster(cluster_name, nodes=nodes)  # a new Topology (empty memo)
 
 
-def bench(case: tuple, searcher: str, repeats: int) -> dict:
+def bench(case: tuple, searcher: str, repeats: int, trainer: str | None = None,
+          pin_moe_run: bool = False) -> dict:
+    """One case. ``trainer``: search that profile's space (MoE models: under every MoE run
+    setting it has, ``search.dispatch.moe_runs``); ``pin_moe_run``: only the profile's own
+    setting (the dispatcher and overlap set explicitly, as ``--moe-dispatcher`` does). The
+    build+evaluate column times one space (the profile's own setting)."""
     name, cluster_name, nodes, batch, seq = case
     model = load_model(name)
     tr = TrainingSpec(global_batch_size=batch, seq_len=seq)
+    spec = load_trainer(trainer) if trainer else None
+    if spec is not None and pin_moe_run:
+        tr = tr.model_copy(update={"moe_dispatcher": spec.runs.moe_dispatcher,
+                                   "moe_a2a_overlap": spec.runs.moe_a2a_overlap})
     evals, totals, result = [], [], None
     for _ in range(repeats):
         cl = _fresh(cluster_name, nodes)
         t0 = time.perf_counter()
-        space = build_space(model, cl, tr)
+        space = build_space(model, cl, tr, trainer=spec)
         evaluate_space(space, exact_interleaved=False)
         evals.append((time.perf_counter() - t0, len(space), space.considered))
         cl = _fresh(cluster_name, nodes)
         t0 = time.perf_counter()
-        result = search(model, cl, tr, searcher=searcher, top=10)
+        result = search(model, cl, tr, searcher=searcher, top=10, trainer=spec)
         totals.append(time.perf_counter() - t0)
     ev_s = statistics.median(e[0] for e in evals)
     legal, considered = evals[0][1], evals[0][2]
@@ -92,6 +102,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one repeat, exhaustive only")
     ap.add_argument("--model", help="only the cases of this model (e.g. deepseek-v3)")
+    ap.add_argument("--trainer", help="search this trainer profile's space (default: every "
+                    "knob, no trainer)")
+    ap.add_argument("--pin-moe-run", action="store_true", help="with --trainer: only its own "
+                    "MoE dispatcher and overlap setting (not every setting it has)")
     args = ap.parse_args()
     repeats = 1 if args.quick else 3
     searchers = ("exhaustive",) if args.quick else ("exhaustive", "dp")
@@ -102,7 +116,7 @@ def main() -> None:
         if args.model and case[0] != args.model:
             continue
         for s in searchers:
-            r = bench(case, s, repeats)
+            r = bench(case, s, repeats, args.trainer, args.pin_moe_run)
             print(f"| {r['case']} | {s} | {r['legal_plans']:,} | {r['grid_plans']:,} | "
                   f"{r['build_and_evaluate_s']:.2f} s | {r['legal_plans_per_s']:,.0f} | "
                   f"{r['grid_plans_per_s']:,.0f} | {r['time_to_best_s']:.2f} s | "

@@ -102,8 +102,11 @@ def _variant(cluster: ClusterSpec, training: TrainingSpec, parameter: str,
     if parameter == "num_nodes":
         return cluster.with_nodes(int(value)), training
     try:
+        # Only the fields the user set stay set (the trainer's facts, the MoE run settings a
+        # search chooses, stay free).
         return cluster, TrainingSpec.model_validate(
-            {**training.model_dump(), "global_batch_size": int(value)})
+            {**training.model_dump(include=training.model_fields_set),
+             "global_batch_size": int(value)})
     except ValidationError as exc:
         raise from_validation_error(exc, "training") from None
 

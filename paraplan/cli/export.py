@@ -118,14 +118,16 @@ def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int 
         raise SpecError(f"exporting {plan_text!r} needs {', '.join(missing)} (or give a plan "
                         "JSON written by paraplan, which carries them)", field=missing[0],
                         value=None)
+    run: dict = {}  # the MoE run setting a best result ranked the plan under
     spec_plan = (read_plan(plan_text, field="PLAN") if data is None
-                 else parse_plan(unwrap_plan_json(data, plan_text, "PLAN")))
+                 else parse_plan(unwrap_plan_json(data, plan_text, "PLAN", run)))
     spec_model = load_model(model)  # type: ignore[arg-type]
     spec_cluster = load_cluster(cluster, nodes=nodes)  # type: ignore[arg-type]
     # The plan as the trainer runs it (its overlaps, reduction dtype, dropout), so the written
     # config states them and the prediction beside it is that trainer's.
-    training, spec_plan = apply_trainer(trainer, read_training(global_batch, seq_len, precision),
-                                        spec_plan)
+    training, spec_plan = apply_trainer(trainer, read_training(
+        global_batch, seq_len, precision, moe_dispatcher=run.get("moe_dispatcher"),
+        moe_a2a_overlap=run.get("moe_a2a_overlap")), spec_plan)
     ctx = export_context(spec_model, training, spec_plan, cluster=spec_cluster)
     report = simulate(spec_model, spec_cluster, training, spec_plan, trainer=trainer).to_dict()
     return ctx, report

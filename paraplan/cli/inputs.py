@@ -40,9 +40,12 @@ def read_plan(text: str, field: str = "--plan"):
     return read_plan_source(text, field)[0]
 
 
-def read_plan_source(text: str, field: str = "--plan") -> tuple[Any, Any]:
+def read_plan_source(text: str, field: str = "--plan",
+                     run: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """(plan, the trainer config it came from or None): ``read_plan`` that also says when the
-    plan was read from a trainer's own config (``paraplan.importers``)."""
+    plan was read from a trainer's own config (``paraplan.importers``). A ``run`` dict gets
+    the MoE run setting a ``best`` result or report ranked the plan under
+    (``unwrap_plan_json``)."""
     from paraplan.importers import read_trainer_config
     from paraplan.specs.loaders import _as_path, read_yaml
     from paraplan.specs.plan import parse_plan
@@ -60,7 +63,8 @@ def read_plan_source(text: str, field: str = "--plan") -> tuple[Any, Any]:
         if imported is not None:
             return imported.plan, imported
         if path.suffix.lower() == ".json":
-            return parse_plan(unwrap_plan_json(read_json_file(path, field), text, field)), None
+            return parse_plan(unwrap_plan_json(read_json_file(path, field), text, field,
+                                               run)), None
         return parse_plan(read_yaml(path, "plan")), None
     return parse_plan(text), None
 
@@ -90,9 +94,18 @@ def read_json_file(path: Path, field: str) -> Any:
     return parse_json(read_user_text(path, field), "JSON file", str(path))
 
 
-def unwrap_plan_json(data: Any, text: str, field: str) -> Any:
-    """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``)."""
+def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | None = None
+                     ) -> Any:
+    """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``). A
+    ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``) the report
+    or the best plan was priced with, so it is priced and exported as ranked."""
     from paraplan.export.plan_json import is_plan_document
+    from paraplan.search.dispatch import MOE_RUN_FIELDS
+
+    def keep(report: dict) -> None:
+        if run is not None:
+            run.update({k: report[k] for k in MOE_RUN_FIELDS
+                        if isinstance(report.get(k), bool | str)})
 
     if not isinstance(data, dict):
         return data
@@ -102,7 +115,10 @@ def unwrap_plan_json(data: Any, text: str, field: str) -> Any:
         feasible = [p for p in data["plans"] if isinstance(p, dict) and p.get("feasible", True)]
         if not feasible or not isinstance(feasible[0].get("plan"), dict):
             raise SpecError(f"{text!r} lists no feasible plan", field=field, value=text)
+        keep(feasible[0])
         return feasible[0]["plan"]
+    if isinstance(data.get("plan"), dict):
+        keep(data)
     if "feasible" in data and isinstance(data.get("plan"), dict):
         return data["plan"]
     return data

@@ -68,10 +68,13 @@ def simulate(
     check_output_paths(plot=plot, trace=trace)
     spec_model = load_model(model)
     spec_cluster = load_cluster(cluster, nodes=nodes)
-    spec_plan, imported = read_plan_source(plan)
-    training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash,
-                             moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                             moe_imbalance=moe_imbalance)
+    run: dict = {}  # the MoE run setting a best result ranked the plan under
+    spec_plan, imported = read_plan_source(plan, run=run)
+    training = read_training(
+        global_batch, seq_len, precision, flash_attention=not no_flash,
+        moe_dispatcher=run.get("moe_dispatcher") if moe_dispatcher is None else moe_dispatcher,
+        moe_a2a_overlap=run.get("moe_a2a_overlap") if moe_a2a_overlap is None
+        else moe_a2a_overlap, moe_imbalance=moe_imbalance)
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
         training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)

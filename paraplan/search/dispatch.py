@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search, rank_key
@@ -16,10 +17,17 @@ from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.trainer import TrainerSpec, trainer_reasons, trainer_training
+from paraplan.specs.trainer import (
+    TrainerSpec,
+    a2a_overlap_needs,
+    trainer_reasons,
+    trainer_training,
+)
 from paraplan.specs.training import TrainingSpec
 
 SEARCHERS = ("auto", "exhaustive", "ilp", "dp", "evolutionary")
+SUMMED_EXTRAS = ("feasible_plans", "resplit_plans", "ilp_solves")
+"""Counts in a SearchResult's ``extra`` that add up when searches are merged."""
 MOE_RUN_FIELDS = ("moe_dispatcher", "moe_a2a_overlap")
 """Training fields of an MoE run that a search chooses per plan (``moe_runs``), unless set."""
 
@@ -50,8 +58,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     results: list[SearchResult] = []
     failures: list[SpecError] = []
     for i, run in enumerate(runs):
+        # Plans without expert parallelism price alike under every setting: only the first
+        # (the trainer's own) ranks them.
+        opts = options if i == 0 else replace(options or SpaceOptions(),
+                                              expert_parallel_only=True)
         try:
-            result = _run(model, cluster, run, searcher, top, pins, options,
+            result = _run(model, cluster, run, searcher, top, pins, opts,
                           _part(progress, i, len(runs)), seed, spec)
         except SpecError as exc:  # e.g. nothing fits without the overlap: try the others
             failures.append(exc)
@@ -92,9 +104,11 @@ def moe_runs(model: ModelSpec, training: TrainingSpec, trainer: TrainerSpec | No
                    else list(dict.fromkeys([training.moe_dispatcher, *can.moe_dispatchers])))
     if pins.get("moe_capacity_factor") is not None and "moe_dispatcher" not in chosen:
         dispatchers = [d for d in dispatchers if d != "hierarchical"] or dispatchers
-    overlaps = ([training.moe_a2a_overlap] if "moe_a2a_overlap" in chosen or
-                not can.moe_a2a_overlap else [training.moe_a2a_overlap,
-                                              not training.moe_a2a_overlap])
+    # The overlap's run-level conditions (16-bit weights, at most one MTP layer) hold for
+    # every plan or none: without them there is no overlapped setting to rank.
+    overlap_ok = can.moe_a2a_overlap and not a2a_overlap_needs(model, training, ParallelPlan())
+    overlaps = ([training.moe_a2a_overlap] if "moe_a2a_overlap" in chosen or not overlap_ok
+                else [training.moe_a2a_overlap, not training.moe_a2a_overlap])
     return [training.model_copy(update={"moe_dispatcher": d, "moe_a2a_overlap": o})
             for d in dispatchers for o in overlaps]
 
@@ -135,11 +149,17 @@ def _merge(results: list[SearchResult], runs: list[TrainingSpec], top: int) -> S
     labels = [run_label(r) for r in runs]
     notes.append(f"MoE plans ranked under {len(runs)} run settings ({', '.join(labels)}); "
                  "each plan shows the one it was priced with")
-    extra: dict[str, Any] = {}
-    for res in results:  # counts (feasible_plans) add up; other facts are the first run's
-        for k, v in res.extra.items():
-            summed = k in extra and isinstance(v, int) and not isinstance(v, bool)
-            extra[k] = extra[k] + v if summed else extra.get(k, v)
+    # Counts add up over the settings (each counts plan-setting pairs, as plans_evaluated
+    # does); "complete" holds when every search was; the other facts (a searcher's seed, the
+    # ILP's gap and baseline plan) are those of the search that gave the best baseline.
+    home = min(results, key=lambda r: (r.baseline_step_time_s is None,
+                                       r.baseline_step_time_s or 0.0))
+    extra: dict[str, Any] = dict(home.extra)
+    for k in SUMMED_EXTRAS:
+        if any(k in r.extra for r in results):
+            extra[k] = sum(r.extra.get(k, 0) for r in results)
+    if any("complete" in r.extra for r in results):
+        extra["complete"] = all(r.extra.get("complete", True) for r in results)
     extra["moe_runs"] = [{k: getattr(r, k) for k in MOE_RUN_FIELDS} for r in runs]
     first = results[0]
     return SearchResult(

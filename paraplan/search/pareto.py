@@ -11,11 +11,12 @@ profiles (``price_per_hour_usd``, a public on-demand price; None when no public 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from paraplan.search.dispatch import MOE_RUN_FIELDS, moe_runs
 from paraplan.search.space import PlanSpace, SpaceOptions, build_space, evaluate_space
 from paraplan.simulator.step import simulate
 from paraplan.specs.cluster import ClusterSpec
@@ -40,6 +41,10 @@ class ParetoPoint:
     dollars_per_hour: float | None
     dollars_per_million_tokens: float | None
     plan: dict[str, Any]
+    moe_dispatcher: str | None = None
+    """MoE models: the token dispatcher the plan was priced with (``search.run_training``)."""
+    moe_a2a_overlap: bool | None = None
+    """MoE models: whether it was priced with the expert-parallel all-to-all overlap."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,26 +93,32 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if not cluster.is_homogeneous:
         raise SpecError("Pareto fronts need one GPU type", field="cluster", value=cluster.name)
     price = cluster.gpu.price_per_hour_usd
+    chosen_fields = set(training.model_fields_set)
     if trainer is not None:
         training = trainer_training(trainer, training)
-    spaces: dict[int, tuple[ClusterSpec, PlanSpace]] = {}
-    # Candidates: (nodes, row, tokens/s, headroom GiB) on each size's 2-D front.
-    cands: list[tuple[int, int, float, float]] = []
+    # MoE models: every run setting the trainer has, as ``search`` ranks them.
+    runs = moe_runs(model, training, trainer, dict(fix or {}), chosen_fields)
+    spaces: dict[tuple[int, int], tuple[ClusterSpec, PlanSpace]] = {}
+    # Candidates: ((nodes, run), row, tokens/s, headroom GiB) on each size's 2-D front.
+    cands: list[tuple[tuple[int, int], int, float, float]] = []
     for n_nodes in sizes:
         cl = cluster.with_nodes(n_nodes)
-        space = build_space(model, cl, training, fix, options, trainer)
-        if len(space) == 0:
-            continue
-        ev = evaluate_space(space, exact_interleaved=False)
-        rows = np.nonzero(ev.feasible & np.isfinite(ev.step_time_s))[0]
-        if not rows.size:
-            continue
-        spaces[n_nodes] = (cl, space)
-        tps = training.tokens_per_step / ev.step_time_s[rows]
-        head = ev.capacity_gib - ev.peak_gib[rows]
-        keep = pareto_mask(np.stack([tps, head], axis=1), (True, True))
-        cands += [(n_nodes, int(i), float(a), float(b))
-                  for i, a, b in zip(rows[keep], tps[keep], head[keep], strict=True)]
+        for j, run in enumerate(runs):
+            opts = options if j == 0 else replace(options or SpaceOptions(),
+                                                  expert_parallel_only=True)
+            space = build_space(model, cl, run, fix, opts, trainer)
+            if len(space) == 0:
+                continue
+            ev = evaluate_space(space, exact_interleaved=False)
+            rows = np.nonzero(ev.feasible & np.isfinite(ev.step_time_s))[0]
+            if not rows.size:
+                continue
+            spaces[(n_nodes, j)] = (cl, space)
+            tps = training.tokens_per_step / ev.step_time_s[rows]
+            head = ev.capacity_gib - ev.peak_gib[rows]
+            keep = pareto_mask(np.stack([tps, head], axis=1), (True, True))
+            cands += [((n_nodes, j), int(i), float(a), float(b))
+                      for i, a, b in zip(rows[keep], tps[keep], head[keep], strict=True)]
     if not cands:
         raise SpecError(f"no plan for {model.name} fits on {cluster.name} with "
                         f"{', '.join(map(str, sizes))} nodes", field="nodes", value=sizes)
@@ -120,9 +131,9 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         picks = np.unique(np.linspace(0, len(chosen) - 1, limit).round().astype(int))
         chosen = [chosen[i] for i in picks]
     out = []
-    for n_nodes, i, _, _ in chosen:
-        cl, space = spaces[n_nodes]
-        rep = simulate(model, cl, training, space.plan(i), trainer=trainer)
+    for (n_nodes, j), i, _, _ in chosen:
+        cl, space = spaces[(n_nodes, j)]
+        rep = simulate(model, cl, runs[j], space.plan(i), trainer=trainer)
         if not rep.feasible or rep.step_time_s is None:
             continue
         per_hour = cl.num_gpus * price if price else None
@@ -133,5 +144,6 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             memory_peak_gib=rep.memory_gb["peak"],
             headroom_gib=rep.extra["memory_headroom_gb"], dollars_per_hour=per_hour,
             dollars_per_million_tokens=per_hour / tokens_h * 1e6 if per_hour else None,
-            plan=rep.plan))
+            plan=rep.plan,
+            **({k: getattr(runs[j], k) for k in MOE_RUN_FIELDS} if model.is_moe else {})))
     return out

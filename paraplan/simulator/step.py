@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from paraplan.simulator import collectives as coll
-from paraplan.simulator import moe as routing
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
@@ -43,6 +42,7 @@ from paraplan.simulator.memory import (
     params_per_stage,
     pipeline_memory,
 )
+from paraplan.simulator.moe import a2a_overlap_warmup
 from paraplan.simulator.pipeline import (
     inflight_microbatches,
     overlapped_p2p,
@@ -343,15 +343,12 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         training, plan.zero_stage) / device.memory_Bps if (cp * dp > 1 or edp > 1) else 0.0
 
     step = span + dp_time + zero3_exposed + opt + copies
-
     # ---- memory --------------------------------------------------------------------------
-    warm = routing.a2a_overlap_warmup(model, training, plan)
-    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v, extra=warm)
-                for r in range(p)]
+    warm = a2a_overlap_warmup(model, training, plan)  # the MoE overlap's extra forward
+    inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v, extra=warm) for r in range(p)]
     mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
                                               inflight=inflight, moe_layers=moe_per_rank)
-    # A stage's capacity is its smallest GPU; the worst stage is the one closest to (or
-    # furthest beyond) its capacity.
+    # A stage's capacity is its smallest GPU; the worst is the one closest to (or past) it.
     caps = [min(g.memory_GiB for g in stage_gpus[r].values()) for r in range(p)]
     worst = max(range(p), key=lambda r: mems[r].peak / GiB - caps[r])
     memory = {**gib(mems[worst]), "peak": mems[worst].peak / GiB}

@@ -11,6 +11,7 @@ import numpy as np
 
 from paraplan.search.ilp.context import Choice, Ctx, activations, layer_costs, stage_time
 from paraplan.simulator.memory import GiB, pipeline_memory
+from paraplan.simulator.moe import a2a_overlap_warmup
 from paraplan.simulator.pipeline import inflight_microbatches
 from paraplan.simulator.step import even_split
 from paraplan.specs.plan import ParallelPlan
@@ -176,7 +177,8 @@ def layer_limits(ctx: Ctx, plan: ParallelPlan, m: int,
     """
     p, L = plan.pp, ctx.model.num_layers
     la = activations(ctx, plan)
-    inflight = [inflight_microbatches("1f1b", p, m, k) for k in range(p)]
+    warm = a2a_overlap_warmup(ctx.model, ctx.training, plan)
+    inflight = [inflight_microbatches("1f1b", p, m, k, extra=warm) for k in range(p)]
     caps = {g: ctx.types[g].gpu.memory_GiB for g in types}
     top = max(caps.values(), default=0.0)
     lmax = [dict.fromkeys(types, 0) for _ in range(p)]

@@ -46,6 +46,10 @@ class SpaceOptions:
     recipe runs), within what the trainer can express."""
     uneven_layers: bool = True
     """Allow pp that does not divide the layers (near-even split, non-interleaved)."""
+    expert_parallel_only: bool = False
+    """Only plans with expert parallelism (ep > 1): a search under a second MoE run setting
+    (``search.dispatch.moe_runs``), where plans without it price as under the first (the
+    dispatcher has no group to send to, the overlap needs ep > 1) and are left to it."""
 
 
 @dataclass
@@ -165,6 +169,8 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                     sched_v = [(s, v) for s, v in sched_v if v == fix["virtual_stages"]]
                 for ep in eps:
                     for etp in etps:
+                        if opt.expert_parallel_only and ep == 1:
+                            continue  # outside this space (not a rejection)
                         inner = len(sps) * len(zeros) * len(mbss) * len(rcs)
                         for s_idx, v in sched_v:
                             count = inner

@@ -101,10 +101,14 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
         rules.append((f"{who} trains MoE layers with tp > 1 only with sequence parallelism",
                       (tp > 1) & (sp == 0)))
     if model.is_moe and training is not None and training.moe_a2a_overlap:
+        # specs.trainer.a2a_overlap_needs, over the plan space (the run-level two hold for
+        # every plan or none).
+        run_level = training.precision == "fp32" or model.num_mtp_layers > 1
         rules.append((f"{who} overlaps expert-parallel all-to-alls only with ep > 1, vpp > 1 "
-                      "when pp > 1 and no full recomputation",
+                      "when pp > 1, no full recomputation, 16-bit weights and at most one MTP "
+                      "layer",
                       (ep == 1) | (piped & (v == 1))
-                      | (rc == RECOMPUTES.index("full"))))
+                      | (rc == RECOMPUTES.index("full")) | run_level))
     if can.microbatches_per_stage:
         rules.append((f"{who} needs at least one micro-batch per pipeline stage",
                       piped & (m < pp * v)))
