@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from paraplan.search.exhaustive import TIME_PARTS
+from paraplan.search.moe_runs import report_run
 from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError, from_validation_error
@@ -42,7 +43,7 @@ PARAMETERS = ("inter_node_bandwidth", "num_nodes", "global_batch")
 TIME_COLUMNS = tuple(f"{part}_s" for part in TIME_PARTS)
 """Time-part columns of a sweep frame (seconds; as ``SearchResult.to_frame``)."""
 
-COLUMNS = ("parameter", "value", "feasible", "reason", "plan", "searcher", "num_gpus",
+COLUMNS = ("parameter", "value", "feasible", "reason", "plan", "moe_run", "searcher", "num_gpus",
            "global_batch", "inter_node_bandwidth_GBps", "step_time_s", "tokens_per_s", "mfu",
            "memory_peak_gb", *TIME_COLUMNS)
 """Columns of a sweep frame, in order."""
@@ -119,7 +120,8 @@ def _row(parameter: str, value: float | int, cluster: ClusterSpec, training: Tra
     ok = report is not None and report.feasible
     row: dict[str, Any] = {
         "parameter": parameter, "value": value, "feasible": ok,
-        "reason": "" if ok else reason, "plan": plan, "searcher": searcher,
+        "reason": "" if ok else reason, "plan": plan,
+        "moe_run": None if report is None else report_run(report), "searcher": searcher,
         "num_gpus": cluster.num_gpus, "global_batch": training.global_batch_size,
         "inter_node_bandwidth_GBps": cluster.node_groups[0].inter_node_link.bandwidth_GBps,
         "step_time_s": nan, "tokens_per_s": nan, "mfu": nan, "memory_peak_gb": nan,
@@ -159,7 +161,8 @@ def sweep(model: ModelSpec | str, cluster: ClusterSpec | str, training: Training
 
     Returns:
         One row per value with the columns of :data:`COLUMNS`: ``parameter``, ``value``,
-        ``feasible``, ``reason`` (empty when feasible), ``plan`` (short string), ``searcher``
+        ``feasible``, ``reason`` (empty when feasible), ``plan`` (short string), ``moe_run``
+        (MoE searches: the dispatcher and overlap the plan was ranked under), ``searcher``
         (None for a fixed plan), ``num_gpus``, ``global_batch`` (sequences),
         ``inter_node_bandwidth_GBps`` (first node group's NIC, GB/s), ``step_time_s`` (s),
         ``tokens_per_s`` (cluster), ``mfu`` (fraction), ``memory_peak_gb`` (GiB, worst rank;

@@ -11,7 +11,7 @@ import pytest
 from paraplan import TrainingSpec, load_cluster, load_model, simulate
 from paraplan.export import export_context, export_text
 from paraplan.search import run_training, search
-from paraplan.search.dispatch import moe_runs
+from paraplan.search.moe_runs import moe_runs
 from paraplan.specs import ParallelPlan
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.trainer import trainer_reasons, trainer_training
@@ -201,3 +201,19 @@ def test_sweeps_and_fronts_keep_the_run_settings_free():
     assert front and all(p.moe_dispatcher in ("alltoall", "hierarchical") for p in front)
     best = search(MIXTRAL, cl, TRAINING, top=1, trainer="megatron-core").best
     assert front[0].step_time_s == pytest.approx(best.step_time_s, rel=1e-9)
+
+
+def test_frames_say_which_setting_each_moe_plan_was_ranked_under():
+    from paraplan.sweep import sweep
+
+    cl = load_cluster("dgx-h100", nodes=4)
+    res = search(MIXTRAL, cl, TRAINING, top=3, trainer="megatron-core")
+    frame = res.to_frame()
+    labels = {"alltoall", "alltoall + a2a-overlap", "deepep", "deepep + a2a-overlap"}
+    assert set(frame["moe_run"]) <= labels and frame["moe_run"].notna().all()
+    dense = search(load_model("llama3-8b"), cl, TrainingSpec(global_batch_size=64,
+                                                             seq_len=4096), top=2)
+    assert dense.to_frame()["moe_run"].isna().all()
+    swept = sweep(MIXTRAL, cl, TRAINING, parameter="global_batch", values=[256],
+                  trainer="megatron-core")
+    assert swept["moe_run"].iloc[0] in labels

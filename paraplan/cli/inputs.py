@@ -100,7 +100,7 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
     ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``) the report
     or the best plan was priced with, so it is priced and exported as ranked."""
     from paraplan.export.plan_json import is_plan_document
-    from paraplan.search.dispatch import MOE_RUN_FIELDS
+    from paraplan.search.moe_runs import MOE_RUN_FIELDS
 
     def keep(report: dict) -> None:
         if run is not None:

@@ -219,7 +219,7 @@ def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, tr
     if best is None:
         raise SpecError("--export: the search found no feasible plan to export",
                         field="--export", value=fmt)
-    from paraplan.search.dispatch import run_training
+    from paraplan.search.moe_runs import run_training
 
     # The MoE dispatcher and all-to-all overlap the plan was ranked under are part of it.
     ctx = export_context(model, run_training(training, best), parse_plan(best.plan),

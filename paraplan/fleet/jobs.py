@@ -8,13 +8,15 @@ import math
 from typing import Any
 
 from paraplan.search.dispatch import search
+from paraplan.search.moe_runs import report_run
 from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_cluster, load_model
 from paraplan.specs.training import TrainingSpec
 
 INPUT_COLUMNS = ("job_id", "model", "cluster", "nodes", "global_batch", "seq_len", "trainer",
                  "precision", "searcher", "top", "tokens_to_train")
-RESULT_COLUMNS = ("status", "reason", "rank", "num_gpus", "gpu", "plan", "tp", "pp", "dp", "cp",
+RESULT_COLUMNS = ("status", "reason", "rank", "num_gpus", "gpu", "plan", "moe_run", "tp", "pp",
+                  "dp", "cp",
                   "ep", "zero_stage", "micro_batch_size", "recompute", "schedule",
                   "virtual_stages", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
                   "mfu", "memory_peak_gb", "usd_per_hour", "usd_per_million_tokens",
@@ -73,7 +75,8 @@ def _search_rows(job: dict[str, Any], base: dict[str, Any]) -> list[dict[str, An
         plan, tps = rep.plan, float(rep.tokens_per_s or 0.0)
         row = {**base, **dict.fromkeys(RESULT_COLUMNS)}
         row.update(status="ok", reason="", rank=rank, num_gpus=n, gpu=gpus,
-                   plan=rep.extra.get("plan_short", ""), step_time_s=rep.step_time_s,
+                   plan=rep.extra.get("plan_short", ""), moe_run=report_run(rep),
+                   step_time_s=rep.step_time_s,
                    tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=rep.mfu,
                    memory_peak_gb=rep.memory_gb.get("peak"), usd_per_hour=usd_h,
                    dp=rep.extra.get("dp", plan.get("dp")))

@@ -12,8 +12,9 @@ import sys
 import types
 from typing import Any
 
-from paraplan.search.dispatch import SEARCHERS, run_training, search
+from paraplan.search.dispatch import SEARCHERS, search
 from paraplan.search.exhaustive import SearchResult, exhaustive_search
+from paraplan.search.moe_runs import run_training
 from paraplan.search.space import SpaceOptions, parse_fix
 
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search, rank_key
+from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
 from paraplan.search.space import SpaceOptions, parse_fix
-from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
@@ -19,7 +19,6 @@ from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import (
     TrainerSpec,
-    a2a_overlap_needs,
     trainer_reasons,
     trainer_training,
 )
@@ -28,10 +27,6 @@ from paraplan.specs.training import TrainingSpec
 SEARCHERS = ("auto", "exhaustive", "ilp", "dp", "evolutionary")
 SUMMED_EXTRAS = ("feasible_plans", "resplit_plans", "ilp_solves")
 """Counts in a SearchResult's ``extra`` that add up when searches are merged."""
-MOE_RUN_FIELDS = ("moe_dispatcher", "moe_a2a_overlap")
-"""Training fields of an MoE run that a search chooses per plan (``moe_runs``), unless set."""
-
-
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            searcher: str = "auto", top: int = 10, fix: str | dict[str, Any] | None = None,
            options: SpaceOptions | None = None, progress: Progress | None = None,
@@ -81,46 +76,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     return _merge(results, runs, top)
 
 
-def moe_runs(model: ModelSpec, training: TrainingSpec, trainer: TrainerSpec | None,
-             pins: dict[str, Any], chosen: set[str] | None = None) -> list[TrainingSpec]:
-    """The MoE run settings a search ranks plans under: every token dispatcher the trainer
-    has (``can.moe_dispatchers``), each with and without the expert-parallel all-to-all
-    overlap where it has that (``can.moe_a2a_overlap``), the trainer's own setting first.
-    A field the user set (``chosen``, default ``training.model_fields_set``: the
-    ``--moe-dispatcher``, ``--moe-a2a-overlap`` options) stays as set; DeepEP is
-    left out when ``--fix`` pins a capacity factor (it drops no tokens). Dense models, and
-    searches without a trainer (the plan fields' defaults), get ``[training]``.
-
-    Both knobs are priced (``simulator.layer.layer_parts``: DeepEP's deduplicated,
-    NVLink-forwarded sends; the overlap hides the all-to-alls under the other micro-batch's
-    compute and takes the communication kernels' SMs from it) and each has the trainer's
-    rules (``trainer_reasons``), so a plan that needs one is ranked with its cost, not left
-    out of reach because the profile's exported default does not use it."""
-    if not model.is_moe or trainer is None:
-        return [training]
-    can = trainer.can
-    chosen = training.model_fields_set if chosen is None else chosen
-    dispatchers = ([training.moe_dispatcher] if "moe_dispatcher" in chosen
-                   else list(dict.fromkeys([training.moe_dispatcher, *can.moe_dispatchers])))
-    if pins.get("moe_capacity_factor") is not None and "moe_dispatcher" not in chosen:
-        dispatchers = [d for d in dispatchers if d != "hierarchical"] or dispatchers
-    # The overlap's run-level conditions (16-bit weights, at most one MTP layer) hold for
-    # every plan or none: without them there is no overlapped setting to rank.
-    overlap_ok = can.moe_a2a_overlap and not a2a_overlap_needs(model, training, ParallelPlan())
-    overlaps = ([training.moe_a2a_overlap] if "moe_a2a_overlap" in chosen or not overlap_ok
-                else [training.moe_a2a_overlap, not training.moe_a2a_overlap])
-    return [training.model_copy(update={"moe_dispatcher": d, "moe_a2a_overlap": o})
-            for d in dispatchers for o in overlaps]
-
-
-def run_training(training: TrainingSpec, report: StepReport) -> TrainingSpec:
-    """``training`` with the MoE run settings a searched plan was ranked under (its
-    ``moe_dispatcher`` / ``moe_a2a_overlap`` extras): what simulating or exporting that plan
-    needs to price it as ranked."""
-    update = {k: report.extra[k] for k in MOE_RUN_FIELDS if k in report.extra}
-    return training.model_copy(update=update) if update else training
-
-
 def _part(progress: Progress | None, i: int, parts: int) -> Progress | None:
     """Progress of the i-th of ``parts`` equal searches as a fraction of them all."""
     if progress is None or parts == 1:
@@ -167,14 +122,6 @@ def _merge(results: list[SearchResult], runs: list[TrainingSpec], top: int) -> S
         search_time_s=sum(r.search_time_s for r in results), reports=reports[:top],
         baseline_step_time_s=min(baselines) if baselines else None, rejected=dict(rejected),
         considered=sum(r.considered for r in results), notes=notes, extra=extra)
-
-
-def run_label(run: TrainingSpec | dict[str, Any]) -> str:
-    """An MoE run setting (a TrainingSpec, or a report's extras) in words: ``alltoall``,
-    ``deepep``, ``+ a2a-overlap``."""
-    get = run.get if isinstance(run, dict) else lambda k: getattr(run, k)
-    name = "deepep" if get("moe_dispatcher") == "hierarchical" else "alltoall"
-    return name + (" + a2a-overlap" if get("moe_a2a_overlap") else "")
 
 
 def _check_runnable(result: SearchResult, trainer: TrainerSpec, model: ModelSpec,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from paraplan.search.moe_runs import report_run
 from paraplan.search.space import (
     PlanSpace,
     SpaceOptions,
@@ -70,7 +71,9 @@ class SearchResult:
         zero=2 mbs=1 zb-h1``), every ``ParallelPlan`` field (``tp``, ``pp``, ``dp``, ``cp``,
         ``ep``, ``zero_stage``, ``micro_batch_size``, ``schedule``, ``recompute``, ...;
         ``layers_per_stage`` as ``"19/21/21/19"`` or None, ``placement`` replaced by the bool
-        ``placed``), ``num_microbatches``, ``feasible``, ``step_time_s`` (s),
+        ``placed``), ``moe_run`` (MoE models: the dispatcher and overlap the plan was ranked
+        under, e.g. ``deepep + a2a-overlap``; None for dense ones), ``num_microbatches``,
+        ``feasible``, ``step_time_s`` (s),
         ``tokens_per_s`` (cluster), ``mfu``, ``hfu`` (fractions), ``model_tflops_per_gpu``,
         ``memory_peak_gb`` and ``memory_headroom_gb`` (GiB, worst rank) and one column per
         time part of the critical stage in seconds: ``compute_s``, ``bubble_s``,
@@ -81,7 +84,8 @@ class SearchResult:
 
         plan_fields = [f for f in ParallelPlan.model_fields if f != "placement"]
         time_cols = [f"{part}_s" for part in TIME_PARTS]
-        columns = (["rank", "plan", *plan_fields, "placed", "num_microbatches", "feasible",
+        columns = (["rank", "plan", *plan_fields, "placed", "moe_run", "num_microbatches",
+                    "feasible",
                     "step_time_s", "tokens_per_s", "mfu", "hfu", "model_tflops_per_gpu",
                     "memory_peak_gb", "memory_headroom_gb", *time_cols])
         rows = []
@@ -98,6 +102,7 @@ class SearchResult:
                 row["dp"] = report.extra.get("dp")
             row.update(
                 placed=plan.get("placement") is not None,
+                moe_run=report_run(report),
                 num_microbatches=report.extra.get("num_microbatches"),
                 feasible=report.feasible, step_time_s=report.step_time_s,
                 tokens_per_s=report.tokens_per_s, mfu=report.mfu, hfu=report.hfu,

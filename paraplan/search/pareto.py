@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.search.dispatch import MOE_RUN_FIELDS, moe_runs
+from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs
 from paraplan.search.space import PlanSpace, SpaceOptions, build_space, evaluate_space
 from paraplan.simulator.step import simulate
 from paraplan.specs.cluster import ClusterSpec

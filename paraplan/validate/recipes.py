@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.search.dispatch import MOE_RUN_FIELDS, moe_runs, run_label
 from paraplan.search.exhaustive import rank_key, top_k
+from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
 from paraplan.search.space import build_space, evaluate_space
 from paraplan.simulator.report import STEP_PARTS
 from paraplan.simulator.step import StepReport, simulate
