@@ -23,14 +23,47 @@ from paraplan.simulator.memory import (
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
 from paraplan.simulator.step import even_split
 
+DENSE_KEYS = 1 << 24
+"""Largest code space ``key_index`` counts in a table (one byte and one int64 per code)."""
+
 
 def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of stacked non-negative integer columns and each row's index into them."""
-    code = np.zeros(cols[0].shape[0], dtype=np.int64)
-    for col in cols:  # mixed-radix code of the row (fits int64 for plan-sized values)
-        code = code * (int(col.max()) + 1) + col
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    return np.stack(cols, axis=1)[first], inv.reshape(-1)
+    """Unique rows of stacked non-negative integer columns (in lexicographic order) and each
+    row's index into them.
+
+    Each column is first ranked among its own distinct values (a table of its max + 1
+    entries), so the mixed-radix code of a row runs over the product of the columns'
+    distinct counts; while that fits ``DENSE_KEYS`` the unique codes are found by marking a
+    table, in time linear in the rows (no sort), else by ``np.unique``. Both give the same
+    rows in the same order."""
+    n = cols[0].shape[0]
+    if n == 0:
+        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    values, ranks = [], []
+    for col in cols:
+        seen = np.zeros(int(col.max()) + 1, dtype=bool)
+        seen[col] = True
+        values.append(np.flatnonzero(seen))
+        ranks.append((np.cumsum(seen) - 1)[col])
+    space = 1
+    for v in values:
+        space *= len(v)
+    code = np.zeros(n, dtype=np.int64)
+    for rank, v in zip(ranks, values, strict=True):  # mixed radix over the distinct counts
+        code = code * len(v) + rank
+    if space <= DENSE_KEYS:
+        hit = np.zeros(space, dtype=bool)
+        hit[code] = True
+        uniq = np.flatnonzero(hit)
+        inv = (np.cumsum(hit) - 1)[code]
+    else:
+        uniq, inv = np.unique(code, return_inverse=True)
+    digits = []
+    rest = uniq
+    for v in reversed(values):  # decode each unique code back to the columns' values
+        digits.append(v[rest % len(v)])
+        rest = rest // len(v)
+    return np.stack(digits[::-1], axis=1).astype(np.int64), inv.reshape(-1)
 
 
 def group_lines(topo, group: tuple[int, ...], kind: str) -> np.ndarray:

@@ -18,12 +18,14 @@ from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.layer import HeadTimes, lm_head_cost, with_mtp
-from paraplan.simulator.memory import GiB, layer_activations
+from paraplan.simulator.memory import GiB, layer_activation_bytes
 from paraplan.simulator.step import LayerParts, compose_layer_cost, layer_parts
 from paraplan.specs.errors import SpecError
+from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
 from paraplan.specs.trainer import tp_overlap
+from paraplan.specs.training import TrainingSpec
 
 
 @dataclass
@@ -118,6 +120,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     # Plans come from the validated space, so they are copies of a validated template.
     dense_parts: dict[tuple[int, ...], tuple[LayerParts, HeadTimes]] = {}
     moe_parts: dict[tuple[int, ...], LayerParts] = {}
+    act_parts: dict[tuple, float] = {}
     tco_const = {k: v for k, v in const.items() if k in ("tp_comm_overlap",)}
     templates: dict[bool | None, ParallelPlan] = {}
     for i, (t, cp, sp, mbs, rc, ep, etp, z2) in enumerate(uniq):
@@ -147,8 +150,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         # The MTP modules' MoE block runs under this key's recompute (``x`` is the MoE one).
         ht = with_mtp(model, training, plan, dev, lm_head, x)
         head[i] = (ht.fwd, ht.bwd, ht.tp)
-        la = layer_activations(model, training, plan)
-        acts[i] = (la.dense, la.moe, la.working)
+        acts[i] = _activations(model, training, plan, act_parts)
 
     # ---- collective lines per group ---------------------------------------------------------
     tp_, cp_, dp_, ep_, etp_ = c["tp"], c["cp"], c["dp"], c["ep"], c["etp"]
@@ -208,6 +210,32 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             if progress is not None:
                 progress(done, n)
     return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
+
+
+def _activations(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                 cache: dict[tuple, float]) -> tuple[float, float, float]:
+    """``memory.layer_activations`` of a key's plan as (dense, moe, working), each part
+    computed once per the plan fields it reads: the dense layer's not per ep/etp, the
+    recompute working set (the layer without recompute) not per recompute kind."""
+    base = (plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
+    experts = (plan.ep, plan.expert_tp)
+    mb = plan.micro_batch_size
+
+    def part(key: tuple, p: ParallelPlan, moe: bool) -> float:
+        if key not in cache:
+            cache[key] = layer_activation_bytes(model, training, p, mb, moe=moe)
+        return cache[key]
+
+    dense = part(("dense", *base, plan.recompute), plan, False)
+    moe = part(("moe", *base, *experts, plan.recompute), plan, True) if model.is_moe else dense
+    working = 0.0
+    if plan.recompute in ("full", "op"):
+        key = ("working", *base, *(experts if model.is_moe else ()))
+        if key not in cache:
+            full = plan.model_copy(update={"recompute": "none"})
+            cache[key] = layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
+        working = cache[key]
+    return dense, moe, working
 
 
 def _strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, ...]:
