@@ -19,6 +19,7 @@ from paraplan.search.space import (
     evaluate_space,
     parse_fix,
 )
+from paraplan.search.space.block import key_index
 from paraplan.simulator.pipeline import SCHEDULES, pipeline_time
 from paraplan.simulator.step import even_split
 from paraplan.specs.errors import SpecError
@@ -170,3 +171,27 @@ def test_every_even_interleaving_is_searched() -> None:
     capped = build_space(model, cl, tr, fix=parse_fix("tp=8,pp=8,mbs=1"),
                          options=SpaceOptions(max_virtual_stages=8))
     assert set(capped.cols["v"][capped.cols["sched"] == interleaved].tolist()) == {2, 3, 4, 6}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), ncols=st.integers(1, 6), nrows=st.integers(1, 400))
+def test_key_index_matches_sorting_the_codes(data, ncols: int, nrows: int) -> None:
+    """The table-marking key_index gives np.unique's keys, in its order, with its inverse
+    (both code paths: the dense table and the sort fallback)."""
+    import paraplan.search.space.block as block
+
+    cols = [np.array(data.draw(st.lists(st.sampled_from(data.draw(st.lists(
+        st.integers(0, 300), min_size=1, max_size=5))), min_size=nrows, max_size=nrows)),
+        dtype=np.int64) for _ in range(ncols)]
+    code = np.zeros(nrows, dtype=np.int64)
+    for col in cols:
+        code = code * (int(col.max()) + 1) + col
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    want = np.stack(cols, axis=1)[first]
+    for dense in (block.DENSE_KEYS, 1):
+        old, block.DENSE_KEYS = block.DENSE_KEYS, dense
+        try:
+            keys, where = key_index(cols)
+        finally:
+            block.DENSE_KEYS = old
+        assert np.array_equal(keys, want) and np.array_equal(where, inv.reshape(-1))
