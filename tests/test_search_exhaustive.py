@@ -55,3 +55,26 @@ def test_errors_are_spec_errors() -> None:
         search(model, load_cluster("dgx-h100", nodes=4), tr, fix="tp=3")
     with pytest.raises(SpecError, match="unknown searcher"):
         search(model, cl, tr, searcher="magic")
+
+
+def test_layers_of_unequal_cost_get_the_exact_split():
+    """DeepSeek-MoE-16B's leading dense layer is cheaper than its MoE layers: the exhaustive
+    searcher re-splits its fastest pipelined plans with the layer-partition DP, so it is never
+    slower than the near-even split and matches the dp searcher's best."""
+    import paraplan.search.exhaustive as ex
+
+    model = load_model("deepseek-moe-16b")
+    assert ex.uneven_layer_costs(model) and not ex.uneven_layer_costs(load_model("llama3-8b"))
+    cl = load_cluster("dgx-h100", nodes=2)
+    tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+    fix = "pp=4,schedule=1f1b"
+    res = search(model, cl, tr, top=3, searcher="exhaustive", fix=fix)
+    dp = search(model, cl, tr, top=1, searcher="dp", fix=fix)
+    old, ex.RESPLITS = ex.RESPLITS, 0
+    try:
+        even = search(model, cl, tr, top=1, searcher="exhaustive", fix=fix)
+    finally:
+        ex.RESPLITS = old
+    assert res.best.step_time_s < 0.95 * even.best.step_time_s  # 3.65 s against 4.08 s
+    assert res.best.step_time_s == pytest.approx(dp.best.step_time_s, rel=1e-9)
+    assert any("re-split" in n for n in res.notes)

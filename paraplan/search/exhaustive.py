@@ -12,6 +12,7 @@ reach the finalists. Times in seconds.
 from __future__ import annotations
 
 import heapq
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -139,6 +140,18 @@ def oom_reasons(space: PlanSpace, peak_gib: np.ndarray, worst: np.ndarray,
     return out
 
 
+RESPLITS = 4
+"""Pipelined finalists the exhaustive searcher re-splits when layers differ in cost."""
+
+
+def uneven_layer_costs(model: ModelSpec) -> bool:
+    """Whether the model's layers differ in cost enough that where the stage boundaries fall
+    matters beyond the LM head: MoE models with leading dense layers, dense layers between
+    MoE ones, or a multi-token-prediction module (priced on the last stage)."""
+    return bool(model.num_mtp_layers or (model.is_moe and (
+        model.first_dense_layers or model.moe_layer_step > 1)))
+
+
 ESTIMATE_MARGIN = 0.05
 """Uneven-split estimates within this fraction of the K-th best are simulated exactly."""
 
@@ -219,8 +232,20 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
 
     bound = space.cols["uneven"] == 0  # exact, or a lower bound (interleaved m % pp != 0)
     reports = top_k(ev.step_time_s, bound, feasible, top, sim)
-    elapsed = time.perf_counter() - start
     notes = []
+    if uneven_layer_costs(model):
+        # Layers of unequal cost (leading dense layers, an MTP module beside the LM head on
+        # the last stage): the near-even split loads the wrong stages, so the fastest
+        # pipelined plans get the exact layer-partition DP (the dp searcher runs it on 48).
+        from paraplan.search.dp.search import resplit_finalists
+
+        more, n = resplit_finalists(space, ev, RESPLITS, trainer,
+                                    {json.dumps(r.plan, sort_keys=True) for r in reports})
+        reports = sorted(reports + more, key=rank_key)[:top]
+        if n:
+            notes.append(f"{n} pipelined plans re-split by the exact layer-partition DP "
+                         "(layers of unequal cost)")
+    elapsed = time.perf_counter() - start
     if (~ev.exact & feasible).any():
         notes.append("interleaved plans with m % pp != 0 and uneven layer splits were ranked "
                      "by a bound/estimate and simulated exactly when they could reach the top")
