@@ -195,3 +195,15 @@ def test_key_index_matches_sorting_the_codes(data, ncols: int, nrows: int) -> No
         finally:
             block.DENSE_KEYS = old
         assert np.array_equal(keys, want) and np.array_equal(where, inv.reshape(-1))
+
+
+def test_key_index_sorts_the_rows_where_the_code_would_overflow():
+    rng = np.random.default_rng(7)
+    cols = [rng.permutation(400).astype(np.int64) * 1_000 for _ in range(8)]  # 400^8 > 2^62
+    cols[0][:3] = cols[0][3]
+    for c in cols[1:]:
+        c[:3] = c[3]  # rows 0-3 are one key
+    keys, inv = key_index(cols)
+    want, where = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+    assert np.array_equal(keys, want) and np.array_equal(inv, where.reshape(-1))
+    assert len(keys) == 397 and len(set(inv[:4].tolist())) == 1

@@ -6,7 +6,9 @@ step time is only a lower bound (interleaved with m % pp != 0) are simulated laz
 of their bound, until no bound can beat the K-th best exact time, so the top K are exact
 (Fagin-style threshold stopping). Uneven layer splits carry the closed-form estimate of the
 mean stage (``simulate`` runs the event simulation for them); they are re-simulated when they
-reach the finalists. Times in seconds.
+reach the finalists. When the model's layers differ in cost (``uneven_layer_costs``) the
+``RESPLITS`` fastest pipelined plans are also re-split by the exact layer-partition DP
+(``dp.resplit``), as the dp searcher does for more of them. Times in seconds.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class SearchResult:
         ``ep``, ``zero_stage``, ``micro_batch_size``, ``schedule``, ``recompute``, ...;
         ``layers_per_stage`` as ``"19/21/21/19"`` or None, ``placement`` replaced by the bool
         ``placed``), ``moe_run`` (MoE models: the dispatcher and overlap the plan was ranked
-        under, e.g. ``deepep + a2a-overlap``; None for dense ones), ``num_microbatches``,
+        under, e.g. ``deepep + a2a-overlap``, as ``search()`` records it; None for dense
+        ones and for the bare searchers), ``num_microbatches``,
         ``feasible``, ``step_time_s`` (s),
         ``tokens_per_s`` (cluster), ``mfu``, ``hfu`` (fractions), ``model_tflops_per_gpu``,
         ``memory_peak_gb`` and ``memory_headroom_gb`` (GiB, worst rank) and one column per
@@ -199,7 +202,9 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
                       progress: Progress | None = None,
                       trainer: TrainerSpec | None = None) -> SearchResult:
     """Rank every legal plan; return the ``top`` fastest that fit, as exact StepReports.
-    With a ``trainer``, only plans it can express, priced as it runs them.
+    With a ``trainer``, only plans it can express, priced as it runs them. For models whose
+    layers differ in cost, the ``RESPLITS`` fastest pipelined plans are re-split by the
+    layer-partition DP too (plans below them keep their near-even split).
 
     Raises:
         SpecError: when no plan is legal or none fits in memory (the message says why).
@@ -233,27 +238,30 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
     bound = space.cols["uneven"] == 0  # exact, or a lower bound (interleaved m % pp != 0)
     reports = top_k(ev.step_time_s, bound, feasible, top, sim)
     notes = []
+    resplit = 0
     if uneven_layer_costs(model):
         # Layers of unequal cost (leading dense layers, an MTP module beside the LM head on
         # the last stage): the near-even split loads the wrong stages, so the fastest
         # pipelined plans get the exact layer-partition DP (the dp searcher runs it on 48).
-        from paraplan.search.dp.search import resplit_finalists
+        from paraplan.search.dp.resplit import resplit_finalists
 
-        more, n = resplit_finalists(space, ev, RESPLITS, trainer,
-                                    {json.dumps(r.plan, sort_keys=True) for r in reports})
+        more, resplit = resplit_finalists(space, ev, RESPLITS, trainer,
+                                          {json.dumps(r.plan, sort_keys=True)
+                                           for r in reports})
         reports = sorted(reports + more, key=rank_key)[:top]
-        if n:
-            notes.append(f"{n} pipelined plans re-split by the exact layer-partition DP "
+        if resplit:
+            notes.append(f"{resplit} pipelined plans re-split by the exact layer-partition DP "
                          "(layers of unequal cost)")
     elapsed = time.perf_counter() - start
     if (~ev.exact & feasible).any():
         notes.append("interleaved plans with m % pp != 0 and uneven layer splits were ranked "
                      "by a bound/estimate and simulated exactly when they could reach the top")
     return SearchResult(
-        searcher="exhaustive", plans_evaluated=len(space), search_time_s=elapsed,
+        searcher="exhaustive", plans_evaluated=len(space) + resplit, search_time_s=elapsed,
         reports=reports,
         # Rank-order placement is what this searcher evaluates, so the baseline is its best.
         baseline_step_time_s=reports[0].step_time_s if reports else None,
         rejected=dict(rejected), considered=space.considered, notes=notes,
-        extra={"feasible_plans": int(feasible.sum())},
+        extra={"feasible_plans": int(feasible.sum()),
+               **({"resplit_plans": resplit} if resplit else {})},
     )

@@ -21,13 +21,15 @@ gain points at a cost the model leaves out (or at a recipe that really is slow).
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from paraplan.search.exhaustive import rank_key, top_k
+from paraplan.search.dp.resplit import resplit_finalists
+from paraplan.search.exhaustive import RESPLITS, rank_key, top_k, uneven_layer_costs
 from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
 from paraplan.search.space import build_space, evaluate_space
 from paraplan.simulator.report import STEP_PARTS
@@ -67,11 +69,12 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
     if not recipe.feasible:
         row["note"] = "; ".join(recipe.reasons)
     # One evaluation of the trainer's whole space per MoE run setting ranks the recipe and,
-    # through the exhaustive searcher's own top_k (exact re-simulation), gives the search's
-    # #1. Plans are ranked once each, at their fastest setting (a plan without expert
-    # parallelism prices alike under every one).
+    # through the exhaustive searcher's own top_k (exact re-simulation) and, for layers of
+    # unequal cost, its layer re-split, gives the search's #1. Plans are ranked once each,
+    # at their fastest setting (a plan without expert parallelism prices alike under every
+    # one).
     found: list[StepReport] = []
-    codes, times = [], []
+    codes, times, split_times = [], [], []
     runs = moe_runs(model, trainer_training(trainer, training), trainer, {}, set())
     for run in runs:
         space = build_space(model, cluster, run, trainer=trainer)
@@ -89,14 +92,24 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
             found.append(rep)
         codes.append(np.stack([space.cols[k][ok] for k in PLAN_COLUMNS], axis=1))
         times.append(ev.step_time_s[ok])
+        if uneven_layer_costs(model):  # as best's exhaustive searcher: the exact layer split
+            more, _ = resplit_finalists(space, ev, RESPLITS, trainer,
+                                        {json.dumps(r.plan, sort_keys=True) for r in found})
+            for rep in more:
+                if model.is_moe:
+                    rep.extra.update({k: getattr(run, k) for k in MOE_RUN_FIELDS})
+                split_times.append(rep.step_time_s)
+            found += more
     if not found:
         return {**row, "status": "no_search", "reason": "no plan the trainer can run fits"}
     best = min(found, key=rank_key)
     plans, where = np.unique(np.concatenate(codes), axis=0, return_inverse=True)
     fastest = np.full(len(plans), np.inf)
     np.minimum.at(fastest, where.reshape(-1), np.concatenate(times))
-    faster = int(np.sum(fastest < recipe.step_time_s * (1 - 1e-9)))
-    ranked = len(plans)
+    # Re-split plans (layers_per_stage set) are plans of their own beside the space's.
+    faster = int(np.sum(fastest < recipe.step_time_s * (1 - 1e-9))) + sum(
+        t < recipe.step_time_s * (1 - 1e-9) for t in split_times)
+    ranked = len(plans) + len(split_times)
     in_space = bool(np.any(np.isclose(np.concatenate(times), recipe.step_time_s, rtol=1e-9)))
     diff = {k: recipe.time_s[k] - best.time_s[k] for k in STEP_PARTS}
     why = sorted(((v, k) for k, v in diff.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))

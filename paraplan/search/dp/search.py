@@ -8,47 +8,15 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.search.dp.layer_split import optimal_layer_split
+from paraplan.search.dp.resplit import resplit_finalists
 from paraplan.search.exhaustive import Progress, SearchResult
-from paraplan.search.space import Evaluation, PlanSpace, SpaceOptions
+from paraplan.search.space import SpaceOptions
 from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.trainer import TrainerSpec
 from paraplan.specs.training import TrainingSpec
-
-
-def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
-                      trainer: TrainerSpec | None, seen: set[str]) -> tuple[list[StepReport], int]:
-    """The ``candidates`` fastest non-interleaved pipelined plans of an evaluated space whose
-    even split needs at most 25% more memory than the GPU has, re-split by
-    :func:`optimal_layer_split` and simulated: (the feasible reports whose plan is not in
-    ``seen``, how many plans were re-split). None where the trainer splits layers evenly."""
-    from paraplan.simulator.step import simulate
-
-    model, cluster, training, c = space.model, space.cluster, space.training, space.cols
-    pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
-    rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
-    rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")][:candidates]
-    if trainer is not None and not trainer.can.uneven_layers:
-        rows = rows[:0]
-    out: list[StepReport] = []
-    resplit = 0
-    for i in rows.tolist():
-        plan = space.plan(i)
-        try:
-            split = optimal_layer_split(model, cluster, training,
-                                        plan.model_copy(update={"layers_per_stage": None}))
-        except SpecError:
-            continue
-        resplit += 1
-        rep = simulate(model, cluster, training, split.plan, trainer=trainer)
-        key = json.dumps(rep.plan, sort_keys=True)
-        if rep.feasible and key not in seen:
-            seen.add(key)
-            out.append(rep)
-    return out, resplit
 
 
 def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,

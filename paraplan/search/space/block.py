@@ -33,8 +33,9 @@ def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
     Each column is first ranked among its own distinct values (a table of its max + 1
     entries), so the mixed-radix code of a row runs over the product of the columns'
-    distinct counts; while that fits ``DENSE_KEYS`` the unique codes are found by marking a
-    table, in time linear in the rows (no sort), else by ``np.unique``. Both give the same
+    distinct counts; while that fits ``DENSE_KEYS`` (and a few times the rows) the unique
+    codes are found by marking a table, in time linear in the rows (no sort), else by
+    ``np.unique`` (of the rows themselves where the code would overflow). All give the same
     rows in the same order."""
     n = cols[0].shape[0]
     if n == 0:
@@ -48,10 +49,13 @@ def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     space = 1
     for v in values:
         space *= len(v)
+    if space >= 1 << 62:  # the code would overflow int64: sort the rows themselves
+        keys, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return keys.astype(np.int64), inv.reshape(-1)
     code = np.zeros(n, dtype=np.int64)
     for rank, v in zip(ranks, values, strict=True):  # mixed radix over the distinct counts
         code = code * len(v) + rank
-    if space <= DENSE_KEYS:
+    if space <= min(DENSE_KEYS, 8 * n):  # a table no larger than a few times the rows
         hit = np.zeros(space, dtype=bool)
         hit[code] = True
         uniq = np.flatnonzero(hit)

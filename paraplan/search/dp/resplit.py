@@ -1,0 +1,47 @@
+"""Re-split the fastest pipelined plans of an evaluated space with the exact layer-partition
+DP (:func:`optimal_layer_split`): the dp searcher does it for 48 finalists, the exhaustive
+searcher for 4 when the model's layers differ in cost."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from paraplan.search.dp.layer_split import optimal_layer_split
+from paraplan.search.space import Evaluation, PlanSpace
+from paraplan.simulator.step import StepReport, even_split, simulate
+from paraplan.specs.errors import SpecError
+from paraplan.specs.trainer import TrainerSpec
+
+
+def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
+                      trainer: TrainerSpec | None, seen: set[str]) -> tuple[list[StepReport], int]:
+    """The ``candidates`` fastest non-interleaved pipelined plans of an evaluated space whose
+    even split needs at most 25% more memory than the GPU has, re-split by
+    :func:`optimal_layer_split` and simulated: (the feasible reports whose plan is not in
+    ``seen``, how many plans were re-split). None where the trainer splits layers evenly."""
+    model, cluster, training, c = space.model, space.cluster, space.training, space.cols
+    pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
+    rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
+    rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")][:candidates]
+    if trainer is not None and not trainer.can.uneven_layers:
+        rows = rows[:0]
+    out: list[StepReport] = []
+    resplit = 0
+    for i in rows.tolist():
+        plan = space.plan(i)
+        try:
+            split = optimal_layer_split(model, cluster, training,
+                                        plan.model_copy(update={"layers_per_stage": None}))
+        except SpecError:
+            continue
+        resplit += 1
+        if list(split.plan.layers_per_stage or []) == even_split(model.num_layers, plan.pp):
+            continue  # the split the plan already has (its report is the exhaustive one)
+        rep = simulate(model, cluster, training, split.plan, trainer=trainer)
+        key = json.dumps(rep.plan, sort_keys=True)
+        if rep.feasible and key not in seen:
+            seen.add(key)
+            out.append(rep)
+    return out, resplit
