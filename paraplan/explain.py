@@ -5,7 +5,8 @@ exposed communication, optimizer, memory headroom) with the cause of every part 
 than a few percent. Then every plan one knob away (micro-batch size halved or doubled, SP on
 or off, each recompute mode, ZeRO stage one up or down, virtual stages doubled or halved,
 tp and pp traded for each other or for dp, NCCL collectives or a sharded parameter server
-for the gradients) is simulated too, and the changes that make the
+for the gradients; for MoE models each other dispatcher and all-to-all overlap setting the
+trainer has) is simulated too, and the changes that make the
 plan faster, or make an infeasible plan fit, are ranked by step time. Nothing is guessed:
 every number is the simulator's.
 """
@@ -184,6 +185,42 @@ def explain(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                        "speedup": (report["step_time_s"] / rep.step_time_s
                                    if report["feasible"] else None),
                        "mfu": rep.mfu, "memory_peak_gb": rep.memory_gb["peak"]})
+    better += _run_changes(model, cluster, training, plan, trainer, report)
     better.sort(key=lambda a: a["step_time_s"])
     out["alternatives"] = better[:top]
+    return out
+
+
+def _run_changes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 plan: ParallelPlan, trainer: TrainerSpec | str | None,
+                 report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The MoE run settings (dispatcher, all-to-all overlap) the trainer has besides the one
+    the plan runs under (``search.moe_runs``; a setting the user gave stays), each simulated
+    on the same plan: those that are faster, or fit where the plan does not. Each carries
+    ``training_fields``, the TrainingSpec fields to set (``--moe-dispatcher``,
+    ``--moe-a2a-overlap``)."""
+    from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_training
+
+    if not model.is_moe or trainer is None:
+        return []
+    spec = trainer if isinstance(trainer, TrainerSpec) else load_trainer(trainer)
+    base = trainer_training(spec, training)
+    out = []
+    for run in moe_runs(model, base, spec, {}, set(training.model_fields_set)):
+        if all(getattr(run, k) == getattr(base, k) for k in MOE_RUN_FIELDS):
+            continue
+        rep = simulate(model, cluster, run, plan, trainer=spec)
+        if not rep.feasible or (report["feasible"]
+                                and rep.step_time_s >= report["step_time_s"] * 0.999):
+            continue
+        out.append({"change": f"MoE run {run_label(base)} -> {run_label(run)}",
+                    "plan": plan.short(),
+                    "plan_fields": plan.model_dump(mode="json", exclude_none=True),
+                    "training_fields": {k: getattr(run, k) for k in MOE_RUN_FIELDS},
+                    "step_time_s": rep.step_time_s,
+                    "speedup": (report["step_time_s"] / rep.step_time_s
+                                if report["feasible"] else None),
+                    "mfu": rep.mfu, "memory_peak_gb": rep.memory_gb["peak"]})
     return out

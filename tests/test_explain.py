@@ -65,3 +65,24 @@ def test_cli_explain_json_and_bad_plan_exit_2() -> None:
     res = subprocess.run([*CMD, *args, "--plan", "tp=2,bogus=1"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 2 and "bogus" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_moe_plans_get_the_trainers_other_run_settings() -> None:
+    """An MoE plan run with the NCCL all-to-all and no overlap: explain simulates the same
+    plan under Megatron-Core's other settings and names the faster ones."""
+    model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+    plan = parse_plan("tp=2,pp=2,vpp=8,schedule=interleaved,ep=8,sp=1,mbs=2,zero=1")
+    out = explain(model, cl, tr, plan, top=50, trainer="megatron-core")
+    runs = [a for a in out["alternatives"] if a["change"].startswith("MoE run")]
+    assert runs, out["alternatives"]
+    for a in runs:
+        assert a["plan"] == plan.short() and a["step_time_s"] < out["step_time_s"]
+        again = simulate(model, cl, tr.model_copy(update=a["training_fields"]), plan,
+                         trainer="megatron-core")
+        assert again.step_time_s == pytest.approx(a["step_time_s"], rel=1e-12)
+    # A setting the user gave stays: nothing to suggest for it.
+    pinned = TrainingSpec(global_batch_size=256, seq_len=4096, moe_dispatcher="alltoall",
+                          moe_a2a_overlap=False)
+    out = explain(model, cl, pinned, plan, top=50, trainer="megatron-core")
+    assert not [a for a in out["alternatives"] if a["change"].startswith("MoE run")]

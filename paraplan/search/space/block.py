@@ -23,20 +23,16 @@ from paraplan.simulator.memory import (
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
 from paraplan.simulator.step import even_split
 
-DENSE_KEYS = 1 << 24
-"""Largest code space ``key_index`` counts in a table (one byte and one int64 per code)."""
+DENSE_KEYS = 1 << 24  # largest code space key_index marks in a table (1 B + 8 B per code)
 
 
 def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of stacked non-negative integer columns (in lexicographic order) and each
-    row's index into them.
-
-    Each column is first ranked among its own distinct values (a table of its max + 1
-    entries), so the mixed-radix code of a row runs over the product of the columns'
-    distinct counts; while that fits ``DENSE_KEYS`` (and a few times the rows) the unique
-    codes are found by marking a table, in time linear in the rows (no sort), else by
-    ``np.unique`` (of the rows themselves where the code would overflow). All give the same
-    rows in the same order."""
+    """Unique rows of stacked non-negative integer columns (lexicographic) and each row's
+    index into them. Each column is first ranked among its own distinct values (a table of
+    max + 1 entries), so a row's mixed-radix code runs over the product of the distinct
+    counts; while that fits ``DENSE_KEYS`` (and a few times the rows) the unique codes are
+    found by marking a table, linear in the rows (no sort), else by ``np.unique`` (of the
+    rows themselves where the code would overflow). All give the same rows in one order."""
     n = cols[0].shape[0]
     if n == 0:
         return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
