@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from paraplan import TrainingSpec, load_cluster, load_model, simulate
@@ -217,3 +218,25 @@ def test_frames_say_which_setting_each_moe_plan_was_ranked_under():
     swept = sweep(MIXTRAL, cl, TRAINING, parameter="global_batch", values=[256],
                   trainer="megatron-core")
     assert swept["moe_run"].iloc[0] in labels
+
+
+def test_derived_spaces_equal_spaces_built_for_the_setting():
+    """The searches under a second MoE run setting take the first space's ep > 1 plans and
+    the setting's own trainer rules: the same plans, in the same order, as building it."""
+    from paraplan.search.space import SpaceOptions, build_space
+    from paraplan.search.space.build import derive_space
+
+    mc = load_trainer("megatron-core")
+    cl = load_cluster("dgx-h100", nodes=4)
+    runs = moe_runs(MIXTRAL, trainer_training(mc, TRAINING), mc, {}, set())
+    base = build_space(MIXTRAL, cl, runs[0], trainer=mc)
+    only_ep = SpaceOptions(expert_parallel_only=True)
+    for setting in runs[1:]:
+        got = derive_space(base, setting)
+        want = build_space(MIXTRAL, cl, setting, options=only_ep, trainer=mc)
+        assert got.training == setting and len(got) == len(want) > 0
+        assert all(np.array_equal(got.cols[k], want.cols[k]) for k in want.cols)
+        assert got.rejected == {k: v for k, v in want.rejected.items()
+                                if "overlap" in k}
+    with pytest.raises(ValueError):
+        derive_space(derive_space(base, runs[1]), runs[2])  # an overlapped base

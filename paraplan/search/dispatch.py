@@ -11,7 +11,8 @@ from typing import Any
 
 from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search, rank_key
 from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
-from paraplan.search.space import SpaceOptions, parse_fix
+from paraplan.search.space import PlanSpace, SpaceOptions, build_space, parse_fix
+from paraplan.search.space.build import derive_space
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
@@ -27,6 +28,8 @@ from paraplan.specs.training import TrainingSpec
 SEARCHERS = ("auto", "exhaustive", "ilp", "dp", "evolutionary")
 SUMMED_EXTRAS = ("feasible_plans", "resplit_plans", "ilp_solves")
 """Counts in a SearchResult's ``extra`` that add up when searches are merged."""
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
            searcher: str = "auto", top: int = 10, fix: str | dict[str, Any] | None = None,
            options: SpaceOptions | None = None, progress: Progress | None = None,
@@ -50,6 +53,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     if spec is not None:
         training = trainer_training(spec, training)
     runs = moe_runs(model, training, spec, pins, chosen)
+    searcher = _resolve(searcher, cluster)
+    # The vectorized searchers enumerate the grid once: the searches under the other settings
+    # take its plans with ep > 1 (without the overlap first, its rules are a subset).
+    base = (build_space(model, cluster, runs[0], pins, options, spec)
+            if len(runs) > 1 and searcher in ("exhaustive", "dp") and cluster.is_homogeneous
+            and not runs[0].moe_a2a_overlap else None)
     results: list[SearchResult] = []
     failures: list[SpecError] = []
     for i, run in enumerate(runs):
@@ -58,8 +67,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         opts = options if i == 0 else replace(options or SpaceOptions(),
                                               expert_parallel_only=True)
         try:
+            space = None if base is None else base if i == 0 else derive_space(base, run)
             result = _run(model, cluster, run, searcher, top, pins, opts,
-                          _part(progress, i, len(runs)), seed, spec)
+                          _part(progress, i, len(runs)), seed, spec, space)
         except SpecError as exc:  # e.g. nothing fits without the overlap: try the others
             failures.append(exc)
             continue
@@ -138,30 +148,33 @@ def _check_runnable(result: SearchResult, trainer: TrainerSpec, model: ModelSpec
     result.extra["trainer"] = trainer.name
 
 
+def _resolve(searcher: str, cluster: ClusterSpec) -> str:
+    """The searcher ``auto`` stands for on this cluster. One GPU type on uniform links: rank
+    everything. Several GPU types: the ILP models per-type compute and memory. One type on
+    uneven links (regions, WAN): placement."""
+    if searcher != "auto":
+        return searcher
+    if cluster.is_homogeneous:
+        return "exhaustive"
+    return "ilp" if len(cluster.gpu_types) > 1 else "evolutionary"
+
+
 def _run(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, searcher: str,
          top: int, pins: dict[str, Any], options: SpaceOptions | None,
-         progress: Progress | None, seed: int, trainer: TrainerSpec | None) -> SearchResult:
-    if searcher == "auto":
-        # One GPU type on uniform links: rank everything. Several GPU types: the ILP models
-        # per-type compute and memory. One type on uneven links (regions, WAN): placement.
-        if cluster.is_homogeneous:
-            searcher = "exhaustive"
-        elif len(cluster.gpu_types) > 1:
-            searcher = "ilp"
-        else:
-            searcher = "evolutionary"
+         progress: Progress | None, seed: int, trainer: TrainerSpec | None,
+         space: PlanSpace | None = None) -> SearchResult:
     if searcher == "exhaustive":
         if not cluster.is_homogeneous:
             raise SpecError("the exhaustive searcher needs one GPU type; this cluster mixes "
                             f"{', '.join(cluster.gpu_types)}: use --searcher ilp or "
                             "evolutionary", field="searcher", value=searcher)
         return exhaustive_search(model, cluster, training, fix=pins, top=top, options=options,
-                                 progress=progress, trainer=trainer)
+                                 progress=progress, trainer=trainer, space=space)
     if searcher == "dp":
         from paraplan.search.dp import dp_search
 
         return dp_search(model, cluster, training, fix=pins, top=top, options=options,
-                         progress=progress, trainer=trainer)
+                         progress=progress, trainer=trainer, space=space)
     if searcher == "ilp":
         from paraplan.search.ilp import ilp_search_result
 

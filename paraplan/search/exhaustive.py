@@ -200,11 +200,13 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
                       fix: dict[str, Any] | None = None, top: int = 10,
                       options: SpaceOptions | None = None,
                       progress: Progress | None = None,
-                      trainer: TrainerSpec | None = None) -> SearchResult:
+                      trainer: TrainerSpec | None = None,
+                      space: PlanSpace | None = None) -> SearchResult:
     """Rank every legal plan; return the ``top`` fastest that fit, as exact StepReports.
     With a ``trainer``, only plans it can express, priced as it runs them. For models whose
     layers differ in cost, the ``RESPLITS`` fastest pipelined plans are re-split by the
-    layer-partition DP too (plans below them keep their near-even split).
+    layer-partition DP too (plans below them keep their near-even split). ``space``: the
+    plans already built for these arguments (``build_space`` / ``derive_space``).
 
     Raises:
         SpecError: when no plan is legal or none fits in memory (the message says why).
@@ -212,7 +214,8 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
     if top < 1:
         raise SpecError("top must be >= 1", field="top", value=top)
     start = time.perf_counter()
-    space = build_space(model, cluster, training, fix, options, trainer)
+    if space is None:
+        space = build_space(model, cluster, training, fix, options, trainer)
     if len(space) == 0:
         reasons = ", ".join(f"{n:,} {r}" for r, n in space.rejected.most_common(3))
         raise SpecError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs of "

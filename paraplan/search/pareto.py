@@ -18,6 +18,7 @@ import numpy as np
 
 from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs
 from paraplan.search.space import PlanSpace, SpaceOptions, build_space, evaluate_space
+from paraplan.search.space.build import derive_space
 from paraplan.simulator.step import simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -103,10 +104,15 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     cands: list[tuple[tuple[int, int], int, float, float]] = []
     for n_nodes in sizes:
         cl = cluster.with_nodes(n_nodes)
+        base: PlanSpace | None = None
         for j, run in enumerate(runs):
             opts = options if j == 0 else replace(options or SpaceOptions(),
                                                   expert_parallel_only=True)
-            space = build_space(model, cl, run, fix, opts, trainer)
+            # As ``search``: the grid once, the other settings' spaces derived from it.
+            space = (derive_space(base, run) if base is not None and j > 0
+                     else build_space(model, cl, run, fix, opts, trainer))
+            if j == 0 and not run.moe_a2a_overlap:
+                base = space
             if len(space) == 0:
                 continue
             ev = evaluate_space(space, exact_interleaved=False)

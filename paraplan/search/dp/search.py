@@ -10,7 +10,7 @@ import numpy as np
 
 from paraplan.search.dp.resplit import resplit_finalists
 from paraplan.search.exhaustive import Progress, SearchResult
-from paraplan.search.space import SpaceOptions
+from paraplan.search.space import PlanSpace, SpaceOptions
 from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -22,7 +22,8 @@ from paraplan.specs.training import TrainingSpec
 def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
               fix: dict[str, Any] | None = None, top: int = 10,
               options: SpaceOptions | None = None, progress: Progress | None = None,
-              candidates: int = 48, trainer: TrainerSpec | None = None) -> SearchResult:
+              candidates: int = 48, trainer: TrainerSpec | None = None,
+              space: PlanSpace | None = None) -> SearchResult:
     """Exhaustive ranking, then the exact layer-split DP on the best pipelined plans.
 
     The vectorized evaluator ranks every plan (even or near-even splits, timed even when they
@@ -32,6 +33,7 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     simulated. The result holds the best ``top`` of those and of the exhaustive top, by
     ``simulate()`` step time, so it is never slower than the exhaustive searcher's best.
     With a ``trainer``, only plans it can express (no re-split where it splits layers evenly).
+    ``space``: the plans already built for these arguments (``build_space`` / ``derive_space``).
     """
     import time
 
@@ -40,7 +42,8 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     from paraplan.simulator.step import simulate
 
     start = time.perf_counter()
-    space = build_space(model, cluster, training, fix, options, trainer)
+    if space is None:
+        space = build_space(model, cluster, training, fix, options, trainer)
     if len(space) == 0:
         raise SpecError(f"no legal plan for {model.name} on {cluster.num_gpus} GPUs",
                         field="plan", value=str(fix or {}))

@@ -231,3 +231,24 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         cols = {k: v[keep] for k, v in cols.items()}
         rejected.update(refused)
     return PlanSpace(model, cluster, training, cols, constants, rejected, considered, trainer)
+
+
+def derive_space(base: PlanSpace, training: TrainingSpec) -> PlanSpace:
+    """The plans of ``base`` with expert parallelism (ep > 1), under another MoE run setting
+    ``training``, with that setting's trainer rules (the all-to-all overlap's): what
+    ``build_space`` with ``SpaceOptions(expert_parallel_only=True)`` gives for ``training``,
+    without enumerating the grid again. ``base`` must have been built without the overlap
+    (its rules are then a subset of the derived space's). ``considered`` counts the base
+    plans with ep > 1; ``rejected`` only what this setting's rules refuse."""
+    if base.training.moe_a2a_overlap:
+        raise ValueError("derive_space needs a base space built without the all-to-all overlap")
+    keep = base.cols["ep"] > 1
+    cols = {k: v[keep] for k, v in base.cols.items()}
+    considered = int(keep.sum())
+    rejected: Counter = Counter()
+    if base.trainer is not None:
+        check_trainer_inputs(base.trainer, base.model, training, base.constants)
+        mask, rejected = trainer_mask(cols, base.trainer, base.model, training)
+        cols = {k: v[mask] for k, v in cols.items()}
+    return PlanSpace(base.model, base.cluster, training, cols, dict(base.constants), rejected,
+                     considered, base.trainer)
