@@ -136,8 +136,9 @@ def explain_cmd(
     alts = data["alternatives"]
     if not alts:
         out.print("no single change of micro-batch size, SP, recompute, ZeRO stage, "
-                  "virtual stages or tp/pp/dp degrees " + ("is faster" if data["feasible"]
-                                                            else "makes it fit"))
+                  "virtual stages, tp/pp/dp degrees" + (" or MoE run setting" if
+                                                        spec_model.is_moe else "")
+                  + (" is faster" if data["feasible"] else " makes it fit"))
         return
     table = Table(title="one-knob changes that help (simulated)", title_justify="left")
     for col, just in (("change", "left"), ("plan", "left"), ("step", "right"),
