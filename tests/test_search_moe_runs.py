@@ -32,6 +32,11 @@ def test_moe_runs_are_every_setting_the_trainer_has_its_own_first():
     assert _settings(moe_runs(MIXTRAL, tr, mc, {}, set())) == [
         ("alltoall", False), ("alltoall", True), ("hierarchical", False),
         ("hierarchical", True)]
+    # A trainer that overlaps by default still ranks first without the overlap: only that
+    # setting ranks plans without expert parallelism (searches after the first see ep > 1).
+    overlapping = tr.model_copy(update={"moe_a2a_overlap": True})
+    assert _settings(moe_runs(MIXTRAL, overlapping, mc, {}, set()))[:2] == [
+        ("alltoall", False), ("alltoall", True)]
     # What the user set stays set; the rest is still searched.
     pinned = TrainingSpec(global_batch_size=256, seq_len=4096, moe_dispatcher="hierarchical")
     runs = moe_runs(MIXTRAL, trainer_training(mc, pinned), mc, {}, pinned.model_fields_set)

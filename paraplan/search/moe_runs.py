@@ -21,7 +21,9 @@ def moe_runs(model: ModelSpec, training: TrainingSpec, trainer: TrainerSpec | No
              pins: dict[str, Any], chosen: set[str] | None = None) -> list[TrainingSpec]:
     """The MoE run settings a search ranks plans under: every token dispatcher the trainer
     has (``can.moe_dispatchers``), each with and without the expert-parallel all-to-all
-    overlap where it has that (``can.moe_a2a_overlap``), the trainer's own setting first.
+    overlap where it has that (``can.moe_a2a_overlap``): the trainer's own dispatcher first,
+    and without the overlap first (the setting that also ranks plans without expert
+    parallelism).
     A field the user set (``chosen``, default ``training.model_fields_set``: the
     ``--moe-dispatcher``, ``--moe-a2a-overlap`` options) stays as set; DeepEP is
     left out when ``--fix`` pins a capacity factor (it drops no tokens). Dense models, and
@@ -43,8 +45,10 @@ def moe_runs(model: ModelSpec, training: TrainingSpec, trainer: TrainerSpec | No
     # The overlap's run-level conditions (16-bit weights, at most one MTP layer) hold for
     # every plan or none: without them there is no overlapped setting to rank.
     overlap_ok = can.moe_a2a_overlap and not a2a_overlap_needs(model, training, ParallelPlan())
+    # Unless set, the setting without the overlap comes first: plans without expert
+    # parallelism (which the overlap's rules refuse) are ranked under the first setting only.
     overlaps = ([training.moe_a2a_overlap] if "moe_a2a_overlap" in chosen or not overlap_ok
-                else [training.moe_a2a_overlap, not training.moe_a2a_overlap])
+                else [False, True])
     return [training.model_copy(update={"moe_dispatcher": d, "moe_a2a_overlap": o})
             for d in dispatchers for o in overlaps]
 
