@@ -199,7 +199,7 @@ def _run_changes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     on the same plan: those that are faster, or fit where the plan does not. Each carries
     ``training_fields``, the TrainingSpec fields to set (``--moe-dispatcher``,
     ``--moe-a2a-overlap``)."""
-    from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
+    from paraplan.search.moe_runs import moe_runs, run_fields, run_label
     from paraplan.specs.loaders import load_trainer
     from paraplan.specs.trainer import trainer_training
 
@@ -209,7 +209,7 @@ def _run_changes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     base = trainer_training(spec, training)
     out = []
     for run in moe_runs(model, base, spec, {}, set(training.model_fields_set)):
-        if all(getattr(run, k) == getattr(base, k) for k in MOE_RUN_FIELDS):
+        if run_fields(run) == run_fields(base):
             continue
         rep = simulate(model, cluster, run, plan, trainer=spec)
         if not rep.feasible or (report["feasible"]
@@ -218,7 +218,7 @@ def _run_changes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         out.append({"change": f"MoE run {run_label(base)} -> {run_label(run)}",
                     "plan": plan.short(),
                     "plan_fields": plan.model_dump(mode="json", exclude_none=True),
-                    "training_fields": {k: getattr(run, k) for k in MOE_RUN_FIELDS},
+                    "training_fields": run_fields(run),
                     "step_time_s": rep.step_time_s,
                     "speedup": (report["step_time_s"] / rep.step_time_s
                                 if report["feasible"] else None),

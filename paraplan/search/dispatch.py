@@ -10,19 +10,15 @@ from dataclasses import replace
 from typing import Any
 
 from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search, rank_key
-from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
-from paraplan.search.space import PlanSpace, SpaceOptions, build_space, parse_fix
-from paraplan.search.space.build import derive_space
+from paraplan.search.moe_runs import moe_runs, run_fields, run_label
+from paraplan.search.space import PlanSpace, SpaceOptions, parse_fix
+from paraplan.search.space.build import run_spaces
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.trainer import (
-    TrainerSpec,
-    trainer_reasons,
-    trainer_training,
-)
+from paraplan.specs.trainer import TrainerSpec, trainer_reasons, trainer_training
 from paraplan.specs.training import TrainingSpec
 
 SEARCHERS = ("auto", "exhaustive", "ilp", "dp", "evolutionary")
@@ -55,10 +51,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     runs = moe_runs(model, training, spec, pins, chosen)
     searcher = _resolve(searcher, cluster)
     # The vectorized searchers enumerate the grid once: the searches under the other settings
-    # take its plans with ep > 1 (without the overlap first, its rules are a subset).
-    base = (build_space(model, cluster, runs[0], pins, options, spec)
-            if len(runs) > 1 and searcher in ("exhaustive", "dp") and cluster.is_homogeneous
-            and not runs[0].moe_a2a_overlap else None)
+    # take its plans with ep > 1 (``run_spaces``).
+    spaces = (run_spaces(model, cluster, runs, pins, options, spec)
+              if len(runs) > 1 and searcher in ("exhaustive", "dp") and cluster.is_homogeneous
+              else None)
     results: list[SearchResult] = []
     failures: list[SpecError] = []
     for i, run in enumerate(runs):
@@ -66,8 +62,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         # (the trainer's own) ranks them.
         opts = options if i == 0 else replace(options or SpaceOptions(),
                                               expert_parallel_only=True)
+        space = None if spaces is None else next(spaces)
         try:
-            space = None if base is None else base if i == 0 else derive_space(base, run)
             result = _run(model, cluster, run, searcher, top, pins, opts,
                           _part(progress, i, len(runs)), seed, spec, space)
         except SpecError as exc:  # e.g. nothing fits without the overlap: try the others
@@ -77,7 +73,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             _check_runnable(result, spec, model, run)
         if model.is_moe:
             for rep in result.reports:
-                rep.extra.update({k: getattr(run, k) for k in MOE_RUN_FIELDS})
+                rep.extra.update(run_fields(run))
         results.append(result)
     if not results:
         raise failures[0]
@@ -125,7 +121,7 @@ def _merge(results: list[SearchResult], runs: list[TrainingSpec], top: int) -> S
             extra[k] = sum(r.extra.get(k, 0) for r in results)
     if any("complete" in r.extra for r in results):
         extra["complete"] = all(r.extra.get("complete", True) for r in results)
-    extra["moe_runs"] = [{k: getattr(r, k) for k in MOE_RUN_FIELDS} for r in runs]
+    extra["moe_runs"] = [run_fields(r) for r in runs]
     first = results[0]
     return SearchResult(
         searcher=first.searcher, plans_evaluated=sum(r.plans_evaluated for r in results),

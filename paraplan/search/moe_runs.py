@@ -53,6 +53,12 @@ def moe_runs(model: ModelSpec, training: TrainingSpec, trainer: TrainerSpec | No
             for d in dispatchers for o in overlaps]
 
 
+def run_fields(run: TrainingSpec) -> dict[str, Any]:
+    """The MoE run setting of ``run`` as the fields a report's ``extra`` (and a TrainingSpec
+    update) carries: ``moe_dispatcher``, ``moe_a2a_overlap``."""
+    return {k: getattr(run, k) for k in MOE_RUN_FIELDS}
+
+
 def run_training(training: TrainingSpec, report: StepReport) -> TrainingSpec:
     """``training`` with the MoE run settings a searched plan was ranked under (its
     ``moe_dispatcher`` / ``moe_a2a_overlap`` extras): what simulating or exporting that plan

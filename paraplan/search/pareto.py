@@ -11,14 +11,14 @@ profiles (``price_per_hour_usd``, a public on-demand price; None when no public 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs
-from paraplan.search.space import PlanSpace, SpaceOptions, build_space, evaluate_space
-from paraplan.search.space.build import derive_space
+from paraplan.search.moe_runs import moe_runs, run_fields
+from paraplan.search.space import PlanSpace, SpaceOptions, evaluate_space
+from paraplan.search.space.build import run_spaces
 from paraplan.simulator.step import simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -104,15 +104,8 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     cands: list[tuple[tuple[int, int], int, float, float]] = []
     for n_nodes in sizes:
         cl = cluster.with_nodes(n_nodes)
-        base: PlanSpace | None = None
-        for j, run in enumerate(runs):
-            opts = options if j == 0 else replace(options or SpaceOptions(),
-                                                  expert_parallel_only=True)
-            # As ``search``: the grid once, the other settings' spaces derived from it.
-            space = (derive_space(base, run) if base is not None and j > 0
-                     else build_space(model, cl, run, fix, opts, trainer))
-            if j == 0 and not run.moe_a2a_overlap:
-                base = space
+        # As ``search``: the grid once, the other settings' spaces derived from it.
+        for j, space in enumerate(run_spaces(model, cl, runs, fix, options, trainer)):
             if len(space) == 0:
                 continue
             ev = evaluate_space(space, exact_interleaved=False)
@@ -151,5 +144,5 @@ def pareto_front(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             headroom_gib=rep.extra["memory_headroom_gb"], dollars_per_hour=per_hour,
             dollars_per_million_tokens=per_hour / tokens_h * 1e6 if per_hour else None,
             plan=rep.plan,
-            **({k: getattr(runs[j], k) for k in MOE_RUN_FIELDS} if model.is_moe else {})))
+            **(run_fields(runs[j]) if model.is_moe else {})))
     return out

@@ -30,8 +30,9 @@ import numpy as np
 
 from paraplan.search.dp.resplit import resplit_finalists
 from paraplan.search.exhaustive import RESPLITS, rank_key, top_k, uneven_layer_costs
-from paraplan.search.moe_runs import MOE_RUN_FIELDS, moe_runs, run_label
-from paraplan.search.space import build_space, evaluate_space
+from paraplan.search.moe_runs import moe_runs, run_fields, run_label
+from paraplan.search.space import evaluate_space
+from paraplan.search.space.build import run_spaces
 from paraplan.simulator.report import STEP_PARTS
 from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs.loaders import load_trainer
@@ -70,14 +71,13 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         row["note"] = "; ".join(recipe.reasons)
     # One evaluation of the trainer's whole space per MoE run setting ranks the recipe and,
     # through the exhaustive searcher's own top_k (exact re-simulation) and, for layers of
-    # unequal cost, its layer re-split, gives the search's #1. Plans are ranked once each,
-    # at their fastest setting (a plan without expert parallelism prices alike under every
-    # one).
+    # unequal cost, its layer re-split, gives the search's #1. As ``search``, the settings
+    # after the first see only plans with ep > 1 (the others price alike under every one);
+    # plans are ranked once each, at their fastest setting.
     found: list[StepReport] = []
     codes, times, split_times = [], [], []
     runs = moe_runs(model, trainer_training(trainer, training), trainer, {}, set())
-    for run in runs:
-        space = build_space(model, cluster, run, trainer=trainer)
+    for run, space in zip(runs, run_spaces(model, cluster, runs, trainer=trainer), strict=True):
         if not len(space):
             continue
         ev = evaluate_space(space, exact_interleaved=True)
@@ -88,7 +88,7 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
                          lambda i, r=run, sp=space: simulate(model, cluster, r, sp.plan(i),
                                                              trainer=trainer)):
             if model.is_moe:
-                rep.extra.update({k: getattr(run, k) for k in MOE_RUN_FIELDS})
+                rep.extra.update(run_fields(run))
             found.append(rep)
         codes.append(np.stack([space.cols[k][ok] for k in PLAN_COLUMNS], axis=1))
         times.append(ev.step_time_s[ok])
@@ -97,7 +97,7 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
                                         {json.dumps(r.plan, sort_keys=True) for r in found})
             for rep in more:
                 if model.is_moe:
-                    rep.extra.update({k: getattr(run, k) for k in MOE_RUN_FIELDS})
+                    rep.extra.update(run_fields(run))
                 split_times.append(rep.step_time_s)
             found += more
     if not found:

@@ -4,7 +4,8 @@ trainers' start-up rules, as integer columns; rejected plans counted by reason."
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -252,3 +253,23 @@ def derive_space(base: PlanSpace, training: TrainingSpec) -> PlanSpace:
         cols = {k: v[mask] for k, v in cols.items()}
     return PlanSpace(base.model, base.cluster, training, cols, dict(base.constants), rejected,
                      considered, base.trainer)
+
+
+def run_spaces(model: ModelSpec, cluster: ClusterSpec, runs: list[TrainingSpec],
+               fix: dict[str, Any] | None = None, options: SpaceOptions | None = None,
+               trainer: TrainerSpec | None = None) -> Iterator[PlanSpace]:
+    """The plan space of each MoE run setting of ``runs`` (``search.moe_runs``), in order:
+    the first built in full; the others its plans with ep > 1 under their own rules
+    (``derive_space``), or, when the first has the overlap (its rules are then not a subset),
+    built with ``expert_parallel_only``."""
+    base: PlanSpace | None = None
+    for j, run in enumerate(runs):
+        if base is not None:
+            yield derive_space(base, run)
+            continue
+        opts = options if j == 0 else replace(options or SpaceOptions(),
+                                              expert_parallel_only=True)
+        space = build_space(model, cluster, run, fix, opts, trainer)
+        if j == 0 and not run.moe_a2a_overlap:
+            base = space
+        yield space
