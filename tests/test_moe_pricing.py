@@ -116,10 +116,22 @@ def test_a2a_overlap_hides_what_compute_covers() -> None:
     parts = _parts(base.model_copy(update={"moe_a2a_overlap": True}), plan)
     exposed = compose_layer_cost(parts, "none")
     lt = parts.times
-    comm, cover = 2 * parts.ep_s, lt.forward_s + lt.backward_s
-    expected = max(0.0, comm - cover) + min(comm, cover) * parts.ep_overlap_slowdown
+    # Four all-to-alls of ep_s / 2 each, each beside one piece of the merged pair's compute
+    # (Megatron-Core TransformerLayerSchedulePlan.run): combine bwd | attention-side forward
+    # (after the attention-side wgrad), dispatch fwd | expert dgrad, dispatch bwd | expert
+    # wgrad + forward, combine fwd | attention-side dgrad.
+    e, a2a, slow = lt.expert_fwd_s, parts.ep_s / 2, parts.ep_overlap_slowdown
+    assert 0 < e < lt.gemm_fwd_s
+    side_w = lt.gemm_fwd_s - e
+    pieces = [side_w + lt.forward_s - e, e, 2 * e, lt.backward_s - 2 * e - side_w]
+    assert sum(pieces) == pytest.approx(lt.forward_s + lt.backward_s)
+    expected = sum(max(0.0, a2a - x) + min(a2a, x) * slow for x in pieces)
     assert exposed.ep == pytest.approx(expected)
     assert exposed.ep < compose_layer_cost(_parts(base, plan), "none").ep
+    # Pooling all the compute against all the communication would hide more: an all-to-all
+    # longer than its own piece stays partly exposed even when the layer's compute is longer.
+    comm, cover = 2 * parts.ep_s, lt.forward_s + lt.backward_s
+    assert exposed.ep >= max(0.0, comm - cover) + min(comm, cover) * slow
     # Megatron refuses the overlap under full recomputation: priced exposed there.
     assert compose_layer_cost(parts, "full").ep == pytest.approx(3 * parts.ep_s)
 

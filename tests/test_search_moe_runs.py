@@ -114,26 +114,33 @@ def test_export_of_a_searched_plan_writes_its_dispatcher():
     assert "--moe-enable-deepep" in text
 
 
-def test_the_overlap_keeps_one_more_micro_batch_of_activations():
+def test_the_overlap_keeps_one_more_layer_of_activations():
     """Megatron-Core warms up one forward more under the all-to-all overlap (schedules.py),
-    and without pipelining runs micro-batch k's forward beside k - 1's backward."""
+    then runs each forward merged layer by layer with the oldest live micro-batch's backward,
+    releasing each backward layer as it goes (model_chunk_schedule_plan.py): the plain
+    schedule's peak plus one layer of a model chunk."""
     from paraplan.simulator.memory import GiB, layer_activations
+    from paraplan.simulator.moe import a2a_overlap_warmup
     from paraplan.simulator.pipeline import inflight_microbatches
 
     assert inflight_microbatches("1f1b", 1, 8, 0) == 1.0
-    assert inflight_microbatches("1f1b", 1, 8, 0, extra=1) == 2.0
-    assert inflight_microbatches("1f1b", 1, 1, 0, extra=1) == 1.0  # nothing to pair with
-    # Interleaved p=4, v=2, m=8, stage 0: (2*3 + 1*4 + 1) / 2 chunk-forwards, one more.
+    assert inflight_microbatches("1f1b", 1, 8, 0, extra=0.25) == 1.25
+    assert inflight_microbatches("1f1b", 1, 1, 0, extra=0.25) == 1.0  # nothing to pair with
+    # Interleaved p=4, v=2, m=8, stage 0: (2*3 + 1*4 + 1) / 2 chunk-forwards, one layer more.
     assert inflight_microbatches("interleaved", 4, 8, 0, v=2) == 5.5
-    assert inflight_microbatches("interleaved", 4, 8, 0, v=2, extra=1) == 6.0
+    assert inflight_microbatches("interleaved", 4, 8, 0, v=2, extra=0.5) == 5.75
     cl = load_cluster("dgx-h100", nodes=4)
     plan = ParallelPlan(tp=1, pp=1, ep=8, zero_stage=1, micro_batch_size=1)
     mem = {}
     for overlap in (False, True):
         tr = TrainingSpec(global_batch_size=256, seq_len=4096, moe_a2a_overlap=overlap)
         mem[overlap] = simulate(MIXTRAL, cl, tr, plan, time_if_oom=True).memory_gb
-    one_mb = MIXTRAL.num_layers * layer_activations(MIXTRAL, tr, plan).moe / GiB
-    assert mem[True]["activations"] - mem[False]["activations"] == pytest.approx(one_mb)
+    assert a2a_overlap_warmup(MIXTRAL, tr, plan) == 1 / MIXTRAL.num_layers
+    one_layer = layer_activations(MIXTRAL, tr, plan).moe / GiB
+    assert mem[True]["activations"] - mem[False]["activations"] == pytest.approx(one_layer)
+    # Interleaved: one layer of a chunk (L / (p v) layers), in chunk micro-batches.
+    piped = ParallelPlan(tp=1, pp=4, ep=8, schedule="interleaved", virtual_stages=2)
+    assert a2a_overlap_warmup(MIXTRAL, tr, piped) == pytest.approx(8 / MIXTRAL.num_layers)
     # ep = 1: no all-to-all to overlap, nothing extra.
     dense_ep = ParallelPlan(tp=1, pp=1, ep=1, zero_stage=3, micro_batch_size=1)
     on = simulate(MIXTRAL, cl, tr, dense_ep, time_if_oom=True).memory_gb

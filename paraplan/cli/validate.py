@@ -72,12 +72,12 @@ def validate_published_cmd(
     from paraplan.validate.predict import run_memory, run_published
     from paraplan.validate.published import DATA_DIR
 
-    bundled = {"throughput": DATA_DIR / "published_throughput.csv",
-               "memory": DATA_DIR / "published_memory.csv",
-               "holdout": DATA_DIR / "holdout" / "holdout_throughput.csv"}
-    if csv_path in bundled:
-        csv_path = str(bundled[csv_path])
-    is_memory = False
+    # The bundled throughput and memory sets include paraplan's own MoE additions (path None).
+    is_memory = csv_path == "memory"
+    if csv_path in ("throughput", "memory"):
+        csv_path = None
+    elif csv_path == "holdout":
+        csv_path = str(DATA_DIR / "holdout" / "holdout_throughput.csv")
     if csv_path is not None:
         path = _as_path(csv_path)
         if path is None or not path.is_file():

@@ -207,6 +207,9 @@ class LayerTimes:
     """Attention score/value part of forward_s (what selective recompute re-runs)."""
     elementwise_fwd_s: float = 0.0
     """Memory-bound part of forward_s (norms, activations, rotary, residual adds)."""
+    expert_fwd_s: float = 0.0
+    """Routed experts' GEMM part of gemm_fwd_s (MoE layers; 0 for dense ones): what runs
+    between the dispatch and the combine all-to-all."""
 
 
 def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
@@ -226,6 +229,7 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
         k, n = projection.per_rank(t)
         proj += gemm_time(device, tokens, n, k)
     mlp = mlp_gemm_time(model, training, plan, device, moe=moe)
+    experts = expert_gemm_time(model, training, plan, device) if moe else 0.0
 
     # Attention scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip
     # the masked half; without flash the s x s scores are materialised (memory-bound softmax).
@@ -262,7 +266,7 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     forward = gemms + attn_fwd + elem_fwd + overhead
     backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
     backward += grad_accumulation_time(model, training, plan, device, moe=moe)
-    return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead)
+    return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead, experts)
 
 
 def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
@@ -275,15 +279,10 @@ def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
     h = model.hidden_size
     gate = 2 if model.mlp_matrices == 3 else 1
     if moe:
-        etp = plan.expert_tp
-        ffn = model.expert_ffn / etp
-        experts_here = max(1, model.num_experts // plan.ep)
-        routed = routing.expert_rows(model, training, plan)  # rows per local expert
-        per_expert = gemm_time(device, routed, gate * ffn, h) + gemm_time(device, routed, h, ffn)
         # The router scores the rank's dispatched tokens; shared experts run as a TP-split
         # dense MLP on all the layer's tokens (Megatron-Core SharedExpertMLP).
         router = gemm_time(device, routing.dispatch_tokens(training, plan), model.num_experts, h)
-        mlp = experts_here * per_expert + router
+        mlp = expert_gemm_time(model, training, plan, device) + router
         if model.num_shared_experts:
             shared = model.num_shared_experts * model.expert_ffn / t
             mlp += gemm_time(device, tokens, gate * shared, h) + gemm_time(device, tokens, h,
@@ -292,6 +291,18 @@ def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         ffn = model.ffn_hidden_size / t
         mlp = gemm_time(device, tokens, gate * ffn, h) + gemm_time(device, tokens, h, ffn)
     return mlp
+
+
+def expert_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                     device: Device) -> float:
+    """Forward GEMM seconds of the rank's routed experts in one MoE layer and micro-batch:
+    every local expert's two (three) matrices on its routed rows, split by expert TP."""
+    gate = 2 if model.mlp_matrices == 3 else 1
+    ffn = model.expert_ffn / plan.expert_tp
+    h = model.hidden_size
+    routed = routing.expert_rows(model, training, plan)  # rows per local expert
+    per_expert = gemm_time(device, routed, gate * ffn, h) + gemm_time(device, routed, h, ffn)
+    return max(1, model.num_experts // plan.ep) * per_expert
 
 
 def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

@@ -244,12 +244,7 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     cp_f, cp_b = cp_c, parts.cp_bwd_s + (cp_c if full else 0.0)
     ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
     if parts.ep_overlap_slowdown is not None and not full:
-        # 1F1B all-to-all overlap: one micro-batch's forward runs merged with another's
-        # backward, so this layer's four all-to-alls run under the pair's compute; what the
-        # compute cannot cover stays exposed, the covered part costs the kernels' SMs.
-        # (Warm-up and cool-down micro-batches, which have no partner, are not told apart.)
-        comm, cover = ep_f + ep_b, lt.forward_s + lt.backward_s + extra
-        exposed = max(0.0, comm - cover) + min(comm, cover) * parts.ep_overlap_slowdown
+        exposed = overlapped_a2a(lt, (ep_f + ep_b) / 4, extra, parts.ep_overlap_slowdown)
         ep_f = ep_b = exposed / 2
     return LayerCost(
         fwd=lt.forward_s + tp_f + cp_f + ep_f,
@@ -258,6 +253,31 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
         compute=lt.forward_s + lt.backward_s + extra,
         tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
     )
+
+
+def overlapped_a2a(lt: LayerTimes, a2a_s: float, recompute_s: float, slowdown: float) -> float:
+    """Exposed seconds of one MoE layer's four all-to-alls (``a2a_s`` each) under Megatron-Core's
+    1F1B all-to-all overlap, for a forward merged with another micro-batch's backward.
+
+    Layer i of the forward runs beside layer L-1-i of the backward
+    (model_chunk_schedule_plan.py ``TransformerModelChunkSchedulePlan.run``), and inside the
+    pair each all-to-all runs beside one piece of compute, in order
+    (``TransformerLayerSchedulePlan.run``):
+
+    - backward combine | attention side forward (attention, norms, router, shared experts),
+      after the previous pair's attention-side weight gradients;
+    - forward dispatch | the experts' input gradients;
+    - backward dispatch | the experts' weight gradients, then their forward;
+    - forward combine | attention side backward (with ``recompute_s``, what it re-runs).
+
+    Each phase lasts as long as the longer of the two; the covered part costs the
+    communication kernels' SMs (``slowdown`` of the compute it runs under). Warm-up and
+    cool-down passes, which have no partner, are not told apart."""
+    experts = lt.expert_fwd_s
+    side_wgrad = lt.gemm_fwd_s - experts
+    side_bwd = lt.backward_s + recompute_s - 2 * experts
+    pieces = (side_wgrad + lt.forward_s - experts, experts, 2 * experts, side_bwd - side_wgrad)
+    return sum(max(0.0, a2a_s - x) + min(a2a_s, x) * slowdown for x in pieces)
 
 
 def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,

@@ -14,20 +14,42 @@ sec. 3). torchtitan does the same when EP borrows the TP ranks
 from __future__ import annotations
 
 from math import comb
+from typing import Any
+
+import numpy as np
 
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
 
-def a2a_overlap_warmup(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> int:
-    """Forwards the expert-parallel all-to-all overlap adds to the schedule's warm-up (1 when
-    it runs: an MoE model, ``training.moe_a2a_overlap`` and ep > 1; else 0): each forward
-    runs beside another micro-batch's backward, so one more micro-batch's activations are
-    live (``pipeline.inflight_microbatches``' ``extra``; Megatron-Core schedules.py adds one
-    warm-up micro-batch under ``overlap_moe_expert_parallel_comm``, combined_1f1b.py overlaps
-    micro-batch k's forward with k - 1's backward without pipelining)."""
-    return int(model.is_moe and training.moe_a2a_overlap and plan.ep > 1)
+def a2a_overlap_warmup(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
+    """Activations the expert-parallel all-to-all overlap keeps live beyond the plain schedule,
+    in model-chunk micro-batches (``pipeline.inflight_microbatches``' ``extra``): one layer's
+    worth, ``overlap_extra(L, pp, v)``, when it runs (an MoE model,
+    ``training.moe_a2a_overlap`` and ep > 1); else 0.
+
+    Megatron-Core warms up one forward more under ``overlap_moe_expert_parallel_comm``
+    (schedules.py ``num_warmup_microbatches += 1``; without pipelining, micro-batch 0's forward
+    runs alone: combined_1f1b.py), but then runs each forward merged with the oldest live
+    micro-batch's backward, layer i of the one beside layer L-1-i of the other, releasing the
+    backward layer's state after each pair (model_chunk_schedule_plan.py
+    ``TransformerModelChunkSchedulePlan.run``). So the micro-batches live before each merged
+    step are as many as the plain schedule's peak, and the step adds at most one layer on top.
+    Measured: Qwen3-30B-A3B on 16 H100 (EP 16, pp 1, micro-batch 1, seq 4096) peaks at
+    62.2 GiB allocated with the overlap (Megatron-Bridge
+    skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md, 2026-07-25 benchmark), where a
+    whole extra micro-batch of activations would not fit in 80 GiB."""
+    if not (model.is_moe and training.moe_a2a_overlap and plan.ep > 1):
+        return 0.0
+    v = plan.virtual_stages if plan.schedule == "interleaved" else 1
+    return float(overlap_extra(model.num_layers, plan.pp, v))
+
+
+def overlap_extra(num_layers: Any, pp: Any, v: Any) -> Any:
+    """One layer of a model chunk (``num_layers / (pp v)`` layers), in chunk micro-batches
+    (numbers or numpy arrays)."""
+    return 1.0 / np.maximum(1.0, num_layers / (pp * v))
 
 
 def sp_split(plan: ParallelPlan) -> int:

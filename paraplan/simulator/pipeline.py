@@ -386,7 +386,7 @@ def overlapped_p2p(t_p2p_s: float, window_s: float, nccl_slowdown: float) -> flo
 
 
 def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1,
-                          extra: int = 0) -> float:
+                          extra: float = 0.0) -> float:
     """Peak micro-batches with live activations on ``stage``, in whole-stage micro-batches.
 
     gpipe: m. 1f1b: min(p - stage, m). zb-h1: min(p, m) on every stage, since activations live
@@ -397,12 +397,10 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1,
     Narayanan et al. 2021 / Korthikanti et al. 2022 formula. All equal the event simulation's
     ``peak_inflight`` (divided by v for interleaved).
 
-    ``extra`` forwards run ahead in the warm-up (chunk-forwards when interleaved): Megatron-Core's
-    expert-parallel all-to-all overlap pairs each forward with another micro-batch's backward,
-    so it warms up one forward more (schedules.py ``num_warmup_microbatches += 1`` under
-    ``overlap_moe_expert_parallel_comm``) and, without pipelining, runs micro-batch k's forward
-    while k - 1's activations are still live (combined_1f1b.py
-    ``combined_1f1b_schedule_for_no_pipelining``): ``moe.a2a_overlap_warmup``.
+    ``extra`` (chunk-)micro-batches of activations live on top of that: Megatron-Core's
+    expert-parallel all-to-all overlap warms up one forward more but runs every later forward
+    merged, layer by layer, with the oldest live micro-batch's backward, so it holds one layer
+    more than the plain schedule (``moe.a2a_overlap_warmup``).
 
     Args:
         schedule: One of :data:`SCHEDULES`.
@@ -410,7 +408,8 @@ def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1,
         m: Micro-batches per step.
         stage: Pipeline rank, 0..p-1.
         v: Model chunks per rank (``interleaved`` only).
-        extra: Additional warm-up forwards (0 for the plain schedules).
+        extra: Additional live (chunk-)micro-batches, may be fractional (0 for the plain
+            schedules).
 
     Returns:
         Activation-memory multiplier (one unit = one micro-batch's activations for the stage).

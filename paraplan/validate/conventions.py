@@ -136,6 +136,12 @@ SOURCES: dict[str, SourceConvention] = {
         "DeepSeek-V3: MoE pre-training with routing forced to balance "
         "(moe_router_force_load_balancing), dropless, grouped GEMM, fused permute",
         grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
+    "megatron_bridge_ep_overlap": SourceConvention(
+        "megatron-core", True, None, None, None,
+        "NVIDIA Megatron-Bridge's expert-parallel overlap benchmarks (skills/"
+        "nemo-mbridge-perf-expert-parallel-overlap): Qwen3-30B-A3B on 16 H100 with the "
+        "all-to-all overlap off and on, HybridEP and alltoall dispatchers",
+        grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
     "megascale2024_megatron_baseline": SourceConvention(
         "megatron-core", True, None, None, None,
         "MegaScale Table 2 Megatron-LM baseline (2023 Megatron-LM with FlashAttention and "

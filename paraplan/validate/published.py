@@ -43,6 +43,8 @@ MOE_THROUGHPUT_CSV = DATA_DIR / "moe_throughput.csv"
 """Published MoE runs paraplan adds to the shared set (``megatron_bridge_moe``,
 moe_sources.md)."""
 DEFAULT_MEMORY_CSV = DATA_DIR / "published_memory.csv"
+MOE_MEMORY_CSV = DATA_DIR / "moe_memory.csv"
+"""Measured MoE memory paraplan adds to the shared set (moe_sources.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,8 +204,12 @@ def _memory_case(index: int, row: dict[str, Any]) -> MemoryCase:
 
 
 def load_published_memory(path: str | Path | None = None) -> list[MemoryCase]:
-    """One case per row of ``published_memory.csv`` (bundled copy when ``path`` is None)."""
-    return [_memory_case(i, row) for i, row in enumerate(_read_rows(path, DEFAULT_MEMORY_CSV))]
+    """One case per row of ``published_memory.csv`` (bundled copy when ``path`` is None,
+    followed by paraplan's own additions in ``moe_memory.csv``)."""
+    rows = _read_rows(path, DEFAULT_MEMORY_CSV)
+    if path is None:
+        rows += _read_rows(MOE_MEMORY_CSV, MOE_MEMORY_CSV)
+    return [_memory_case(i, row) for i, row in enumerate(rows)]
 
 
 # ---- validation -------------------------------------------------------------------------------

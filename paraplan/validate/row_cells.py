@@ -70,7 +70,7 @@ def model_family(name: str, source: str) -> str:
     return "gpt"
 
 
-PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe"})
+PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe", "megatron_bridge_ep_overlap"})
 """Sources whose rows name a model preset in ``model_name`` (sources.md)."""
 
 

@@ -20,6 +20,7 @@ from paraplan.simulator.memory import (
     loss_bytes_per_logit,
     moe_layers_in,
 )
+from paraplan.simulator.moe import overlap_extra
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
 from paraplan.simulator.step import even_split
 
@@ -210,8 +211,9 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)[:, None] \
         + np.where((dp > 1) & (z < 3), 1.0, 0.0)[:, None] \
         * np.minimum(dense_r + exp_r, DDP_BUCKET_ELEMENTS) * 4.0
-    warm = (ep > 1).astype(int) if model.is_moe and training.moe_a2a_overlap else \
-        np.zeros(len(idx), dtype=int)  # moe.a2a_overlap_warmup
+    chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)  # moe.a2a_overlap_warmup
+    warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
+                    overlap_extra(model.num_layers, p, chunks), 0.0)
     infl = _inflight(sched, p, mi, v, rr, warm)
     act = (ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
         + act_static
@@ -334,7 +336,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
 def _inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
               stages: np.ndarray, extra: np.ndarray) -> np.ndarray:
     """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``, with
-    each plan's ``extra`` warm-up forwards."""
+    each plan's ``extra`` live (chunk-)micro-batches."""
     r = stages[None, :]
     mm = m[:, None].astype(float)
     ex = extra[:, None].astype(float)
