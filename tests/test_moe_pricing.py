@@ -257,3 +257,31 @@ def test_nvl72_all_to_all_matches_table_7(ep: int, published: float) -> None:
     topo = load_cluster("gb200-nvl72", 1).topology
     t = coll.group_collective(topo, tuple(range(ep)), "all_to_all", _dsv3_copies_bytes())
     assert t == pytest.approx(published, rel=0.10)
+
+
+def test_a2a_overlap_warm_up_and_cool_down_run_alone() -> None:
+    """Without pipelining Megatron-Core runs micro-batch 0's forward and the last backward
+    with no partner (combined_1f1b.py): of m passes, one forward and one backward expose
+    their all-to-alls in full; interleaved, the warm-up count does (schedules.py)."""
+    from paraplan.simulator.layer import layer_cost, unpartnered_share
+    from paraplan.simulator.step import simulate
+
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", 4)
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, moe_load_imbalance=1.0,
+                            moe_a2a_overlap=True)
+    plan = ParallelPlan(tp=1, pp=1, ep=8, etp=1, zero_stage=1, micro_batch_size=1)
+    m = 64 // 32
+    device = Device.of_training(cluster.gpu, training)
+    cost = layer_cost(model, cluster.topology, training, plan, device, moe=True)
+    plain = layer_cost(model, cluster.topology, training.model_copy(
+        update={"moe_a2a_overlap": False}), plan, device, moe=True)
+    # A lone pass exposes what the plain schedule does.
+    assert cost.ep / 2 + cost.ep_lone_fwd == pytest.approx(plain.ep / 2)
+    assert cost.ep / 2 + cost.ep_lone_bwd == pytest.approx(plain.ep / 2)
+    assert unpartnered_share("1f1b", 1, m, 0, 1) == 1 / m
+    rep = simulate(model, cluster, training, plan, time_if_oom=True)
+    want = model.num_layers * (m * cost.ep + cost.ep_lone_fwd + cost.ep_lone_bwd)
+    assert rep.time_s["ep_comm"] == pytest.approx(want)
+    # Interleaved p = 4, v = 2, m = 8, stage 0: 2*3 + 1*4 + 1 = 11 of 16 chunk-forwards warm up.
+    assert unpartnered_share("interleaved", 4, 8, 0, 2) == pytest.approx(11 / 16)
+    assert unpartnered_share("interleaved", 4, 8, 3, 2) == pytest.approx(5 / 16)

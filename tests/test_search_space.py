@@ -19,7 +19,7 @@ from paraplan.search.space import (
     evaluate_space,
     parse_fix,
 )
-from paraplan.search.space.block import key_index
+from paraplan.search.space.keys import key_index
 from paraplan.simulator.pipeline import SCHEDULES, pipeline_time
 from paraplan.simulator.step import even_split
 from paraplan.specs.errors import SpecError
@@ -178,7 +178,7 @@ def test_every_even_interleaving_is_searched() -> None:
 def test_key_index_matches_sorting_the_codes(data, ncols: int, nrows: int) -> None:
     """The table-marking key_index gives np.unique's keys, in its order, with its inverse
     (both code paths: the dense table and the sort fallback)."""
-    import paraplan.search.space.block as block
+    import paraplan.search.space.keys as block
 
     cols = [np.array(data.draw(st.lists(st.sampled_from(data.draw(st.lists(
         st.integers(0, 300), min_size=1, max_size=5))), min_size=nrows, max_size=nrows)),

@@ -14,6 +14,7 @@ from paraplan.simulator.compute import (
     layer_times,
     lm_head_times,
 )
+from paraplan.simulator.pipeline import inflight_microbatches
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -35,6 +36,11 @@ class LayerCost:
     tp: float
     cp: float
     ep: float
+    ep_lone_fwd: float = 0.0
+    """Under the MoE all-to-all overlap: what a forward with no backward beside it (the
+    schedule's warm-up) exposes beyond ``fwd``'s overlapped share (0 without the overlap)."""
+    ep_lone_bwd: float = 0.0
+    """The same for a backward with no forward beside it (the cool-down)."""
 
 
 @dataclass(frozen=True)
@@ -243,16 +249,28 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
     cp_f, cp_b = cp_c, parts.cp_bwd_s + (cp_c if full else 0.0)
     ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
+    lone_f = lone_b = 0.0
     if parts.ep_overlap_slowdown is not None and not full:
         exposed = overlapped_a2a(lt, (ep_f + ep_b) / 4, extra, parts.ep_overlap_slowdown)
+        lone_f, lone_b = ep_f - exposed / 2, ep_b - exposed / 2
         ep_f = ep_b = exposed / 2
     return LayerCost(
         fwd=lt.forward_s + tp_f + cp_f + ep_f,
         bwd=lt.backward_s + extra + tp_b + cp_b + ep_b,
         wgrad=lt.gemm_fwd_s,
         compute=lt.forward_s + lt.backward_s + extra,
-        tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b,
+        tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b, ep_lone_fwd=lone_f, ep_lone_bwd=lone_b,
     )
+
+
+def unpartnered_share(schedule: str, p: int, m: int, stage: int, v: int) -> float:
+    """Fraction of a stage's (chunk-)forwards that run with no backward beside them under the
+    MoE all-to-all overlap, and of its backwards with no forward: the warm-up forwards and as
+    many cool-down backwards. Megatron-Core warms up the plain schedule's count plus one
+    (schedules.py ``num_warmup_microbatches += 1``; without pipelining micro-batch 0's forward
+    and the last backward run alone: combined_1f1b.py), which is the plain schedule's peak
+    in-flight count (``pipeline.inflight_microbatches``) out of ``m`` micro-batches."""
+    return inflight_microbatches(schedule, p, m, stage, v=v) / m
 
 
 def overlapped_a2a(lt: LayerTimes, a2a_s: float, recompute_s: float, slowdown: float) -> float:
@@ -272,7 +290,8 @@ def overlapped_a2a(lt: LayerTimes, a2a_s: float, recompute_s: float, slowdown: f
 
     Each phase lasts as long as the longer of the two; the covered part costs the
     communication kernels' SMs (``slowdown`` of the compute it runs under). Warm-up and
-    cool-down passes, which have no partner, are not told apart."""
+    cool-down passes, which have no partner, pay ``LayerCost.ep_lone_fwd`` / ``_bwd`` on top
+    (``unpartnered_share``)."""
     experts = lt.expert_fwd_s
     side_wgrad = lt.gemm_fwd_s - experts
     side_bwd = lt.backward_s + recompute_s - 2 * experts

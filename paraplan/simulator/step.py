@@ -12,7 +12,6 @@ The StepReport type lives in ``simulator.report`` and the per-layer costs in
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from paraplan.simulator.layer import (
     layer_cost,
     layer_parts,
     placed_group,
+    unpartnered_share,
 )
 from paraplan.simulator.memory import (
     DDP_BUCKET_ELEMENTS,
@@ -57,6 +57,7 @@ from paraplan.simulator.report import (
     gib,
     infeasible,
 )
+from paraplan.simulator.stages import even_split, plan_chunks, stage_gpu_types
 from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.loaders import load_trainer
@@ -82,54 +83,6 @@ def _pipeline_span(schedule: str, t_f: tuple[float, ...], t_b: tuple[float, ...]
     tl = simulate_pipeline(schedule, t_f, t_b, m, v=v, t_w=t_w, t_p2p=t_p2p,
                            record_events=False)
     return tl.total_s, tl.critical_p2p_s
-
-
-def even_split(num_layers: int, chunks: int) -> list[int]:
-    """Layers per chunk, as even as possible (earlier chunks get the remainder)."""
-    base, rem = divmod(num_layers, chunks)
-    return [base + (1 if i < rem else 0) for i in range(chunks)]
-
-
-def plan_chunks(model: ModelSpec, plan: ParallelPlan) -> tuple[list[int], list[int]]:
-    """(layers of each of the pp*vpp model chunks, layers held by each pipeline rank): the
-    plan's explicit split or ``even_split``; rank r holds chunks r, r+pp, r+2pp, ...
-    (Megatron's interleaved assignment)."""
-    p, v = plan.pp, plan.virtual_stages
-    chunks = list(plan.layers_per_stage or even_split(model.num_layers, p * v))
-    return chunks, [sum(chunks[c * p + r] for c in range(v)) for r in range(p)]
-
-
-def stage_gpu_types(cluster: ClusterSpec, plan: ParallelPlan, p: int, span_ranks: int,
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, int]]]:
-    """Each stage's GPU types (name -> GPUSpec) and, per type, the first rank of the stage's
-    first TP*CP group on that type (``layer_cost``'s ``base_rank``).
-
-    On one GPU type every TP/CP/EP group is priced on the first one (rank order, as the
-    vectorized search does). On a mixed cluster each stage's groups of each GPU type are
-    priced on the first such group in that stage (its own node links). Stage r is the block
-    of ranks [r*span_ranks, (r+1)*span_ranks), on the GPUs ``plan.placement`` maps them to.
-    """
-    if len(cluster.gpu_types) == 1:
-        return [{cluster.gpu.name: cluster.gpu}] * p, [{cluster.gpu.name: 0}] * p
-    topo = cluster.topology
-    place = None if plan.placement is None else np.asarray(plan.placement, dtype=np.int64)
-    unit = plan.tp * plan.cp
-    stage_gpus: list[dict[str, Any]] = []
-    stage_base: list[dict[str, int]] = []
-    for r in range(p):
-        block = np.arange(r * span_ranks, (r + 1) * span_ranks)
-        gids = topo.group_of_gpu[block if place is None else place[block]]
-        types: dict[str, Any] = {}
-        bases: dict[str, int] = {}
-        for j, g in enumerate(gids[::unit].tolist()):
-            bases.setdefault(cluster.node_groups[int(g)].gpu.name, r * span_ranks + j * unit)
-        for g in np.unique(gids).tolist():
-            gpu = cluster.node_groups[int(g)].gpu
-            types[gpu.name] = gpu
-            bases.setdefault(gpu.name, r * span_ranks)
-        stage_gpus.append(types)
-        stage_base.append(bases)
-    return stage_gpus, stage_base
 
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -205,6 +158,10 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     for i in range(1, len(chunks)):
         starts[i] = starts[i - 1] + chunks[i - 1]
     moe_per_rank: list[int] = []
+    # Under the MoE all-to-all overlap the warm-up forwards and cool-down backwards have no
+    # partner and expose their all-to-alls (``LayerCost.ep_lone_fwd``); a share of each pass.
+    lone = [unpartnered_share(plan.schedule, p, m, r, v) if a2a_overlap_warmup(
+        model, training, plan) else 0.0 for r in range(p)]
     for r in range(p):
         n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r])
                     for c in range(v)) if model.is_moe else 0
@@ -213,8 +170,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         best = None
         for name in stage_gpus[r]:
             dev, dense, moe, head = per_gpu[(name, stage_base[r][name])]
-            f = n_dense * dense.fwd + n_moe * moe.fwd
-            b = n_dense * dense.bwd + n_moe * moe.bwd
+            f = n_dense * dense.fwd + n_moe * (moe.fwd + lone[r] * moe.ep_lone_fwd)
+            b = n_dense * dense.bwd + n_moe * (moe.bwd + lone[r] * moe.ep_lone_bwd)
             c = n_dense * dense.compute + n_moe * moe.compute
             head_tp = 0.0
             if r == p - 1:
@@ -229,7 +186,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         comp.append(c)
         tp_sum.append(n_dense * dense.tp + n_moe * moe.tp + head_tp)
         cp_sum.append(n_dense * dense.cp + n_moe * moe.cp)
-        ep_sum.append(n_dense * dense.ep + n_moe * moe.ep)
+        ep_sum.append(n_dense * dense.ep + n_moe * (moe.ep + lone[r] * (
+            moe.ep_lone_fwd + moe.ep_lone_bwd)))
         stage_device.append(dev)
 
     # ---- pipeline ------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.search.space.build import PlanSpace
-from paraplan.simulator.collectives import collective_lines
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -23,58 +22,6 @@ from paraplan.simulator.memory import (
 from paraplan.simulator.moe import overlap_extra
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
 from paraplan.simulator.step import even_split
-
-DENSE_KEYS = 1 << 24  # largest code space key_index marks in a table (1 B + 8 B per code)
-
-
-def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Unique rows of stacked non-negative integer columns (lexicographic) and each row's
-    index into them. Each column is first ranked among its own distinct values (a table of
-    max + 1 entries), so a row's mixed-radix code runs over the product of the distinct
-    counts; while that fits ``DENSE_KEYS`` (and a few times the rows) the unique codes are
-    found by marking a table, linear in the rows (no sort), else by ``np.unique`` (of the
-    rows themselves where the code would overflow). All give the same rows in one order."""
-    n = cols[0].shape[0]
-    if n == 0:
-        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    values, ranks = [], []
-    for col in cols:
-        seen = np.zeros(int(col.max()) + 1, dtype=bool)
-        seen[col] = True
-        values.append(np.flatnonzero(seen))
-        ranks.append((np.cumsum(seen) - 1)[col])
-    space = 1
-    for v in values:
-        space *= len(v)
-    if space >= 1 << 62:  # the code would overflow int64: sort the rows themselves
-        keys, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
-        return keys.astype(np.int64), inv.reshape(-1)
-    code = np.zeros(n, dtype=np.int64)
-    for rank, v in zip(ranks, values, strict=True):  # mixed radix over the distinct counts
-        code = code * len(v) + rank
-    if space <= min(DENSE_KEYS, 8 * n):  # a table no larger than a few times the rows
-        hit = np.zeros(space, dtype=bool)
-        hit[code] = True
-        uniq = np.flatnonzero(hit)
-        inv = (np.cumsum(hit) - 1)[code]
-    else:
-        uniq, inv = np.unique(code, return_inverse=True)
-    digits = []
-    rest = uniq
-    for v in reversed(values):  # decode each unique code back to the columns' values
-        digits.append(v[rest % len(v)])
-        rest = rest // len(v)
-    return np.stack(digits[::-1], axis=1).astype(np.int64), inv.reshape(-1)
-
-
-def group_lines(topo, group: tuple[int, ...], kind: str) -> np.ndarray:
-    """(3, 2) array of (alpha, beta) lines, padded with (inf, 0); (0, 0) for a group of one."""
-    out = np.zeros((3, 2))
-    out[:, 0] = np.inf
-    lines = collective_lines(topo, group, kind) if len(group) > 1 else [(0.0, 0.0)]
-    for i, (a, b) in enumerate(lines):
-        out[i] = (a, b)
-    return out
 
 
 def _chunked(lines: np.ndarray, nbytes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
@@ -149,6 +96,11 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         firsts.setdefault(key, r)
         counts[key] += 1
     rr = np.array(sorted(firsts.values()))
+    cls = np.zeros((p, len(rr)))  # stage -> its class (column of rr)
+    for r in range(p):
+        cls[r, int(np.searchsorted(rr, firsts[(all_layers[r], all_moe[r], r == 0,
+                                                  r == p - 1)]))] = 1.0
+    lasts = cls.shape[0] - 1 - np.argmax(cls[::-1], axis=0)  # each class's last stage
     cnt = np.array([counts[(all_layers[r], all_moe[r], r == 0, r == p - 1)] for r in rr],
                    dtype=float)
     layers = np.array([all_layers[r] for r in rr], dtype=float)
@@ -241,15 +193,26 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     def stage(col: int) -> np.ndarray:
         return ndense[None, :] * ld[:, col, None] + nmoe[None, :] * lm[:, col, None]
 
-    f = stage(0) + last[None, :] * hh[:, 0, None]
-    b = stage(1) + last[None, :] * hh[:, 1, None]
+    f0 = stage(0) + last[None, :] * hh[:, 0, None]
+    b0 = stage(1) + last[None, :] * hh[:, 1, None]
     w = stage(2)
+    # The MoE overlap's unpartnered warm-up / cool-down passes (layer.unpartnered_share): a
+    # share that falls with the stage index, so a class's first stage has the most, its last
+    # the least, and the means need the share summed over each class's stages.
+    lone = np.zeros((len(idx), p))
+    if model.is_moe and training.moe_a2a_overlap:
+        lone = _inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))) / m[:, None]
+    lone_f, lone_b = stage(7), stage(8)
+    f, b = f0 + lone[:, rr] * lone_f, b0 + lone[:, rr] * lone_b
     fb = f + b
     crit = np.argmax(fb, axis=1)
-    mean_f, mean_b, mean_w = f @ cnt / p, b @ cnt / p, w @ cnt / p
+    lone_sum = lone @ cls
+    mean_f = (f0 @ cnt + (lone_sum * lone_f).sum(axis=1)) / p
+    mean_b = (b0 @ cnt + (lone_sum * lone_b).sum(axis=1)) / p
+    mean_w = w @ cnt / p
     cc = ctx.t_p2p[idx] if p > 1 else np.zeros(len(idx))
     if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
-        win = f.min(axis=1) / v
+        win = (f0 + lone[:, lasts] * lone_f).min(axis=1) / v
         cc = np.maximum(0.0, cc - win) + np.minimum(cc, win) * ctx.slow
     total, base, odd = _pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
                                       ctx.exact_interleaved)
@@ -320,7 +283,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
     tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
     cp_c = m * stage(5)[rows, crit]
-    ep_c = m * stage(6)[rows, crit]
+    ep_c = m * (stage(6) + lone[:, rr] * (lone_f + lone_b))[rows, crit]
     times["compute"][idx] = m * comp[rows, crit] + copies
     times["tp_comm"][idx] = tp_c
     times["cp_comm"][idx] = cp_c

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.search.space.block import Context, evaluate_block, group_lines, key_index
+from paraplan.search.space.block import Context, evaluate_block
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
+from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, optimizer_step_time
@@ -112,7 +113,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"],
                            zs])
     nk = len(uniq)
-    lc = np.zeros((nk, 2, 7))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep]
+    lc = np.zeros((nk, 2, 9))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep lone_f lone_b]
     acts = np.zeros((nk, 3))  # dense, moe, working bytes
     head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
     # Dense layers and the LM head do not depend on ep/etp, nor the parts on recompute: each
@@ -146,7 +147,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             pm = moe_parts[mkey]
         for j, pt in enumerate((pd, pm)):
             x = compose_layer_cost(pt, RECOMPUTES[rc])
-            lc[i, j] = (x.fwd, x.bwd, x.wgrad, x.compute, x.tp, x.cp, x.ep)
+            lc[i, j] = (x.fwd, x.bwd, x.wgrad, x.compute, x.tp, x.cp, x.ep, x.ep_lone_fwd,
+                        x.ep_lone_bwd)
         # The MTP modules' MoE block runs under this key's recompute (``x`` is the MoE one).
         ht = with_mtp(model, training, plan, dev, lm_head, x)
         head[i] = (ht.fwd, ht.bwd, ht.tp)

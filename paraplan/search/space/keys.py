@@ -1,0 +1,60 @@
+"""Compact keys of plan-field combinations (``key_index``) and the (alpha, beta) lines of one
+group's collective (``group_lines``), shared by the vectorized evaluator's stages."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from paraplan.simulator.collectives import collective_lines
+
+DENSE_KEYS = 1 << 24  # largest code space key_index marks in a table (1 B + 8 B per code)
+
+
+def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Unique rows of stacked non-negative integer columns (lexicographic) and each row's
+    index into them. Each column is first ranked among its own distinct values (a table of
+    max + 1 entries), so a row's mixed-radix code runs over the product of the distinct
+    counts; while that fits ``DENSE_KEYS`` (and a few times the rows) the unique codes are
+    found by marking a table, linear in the rows (no sort), else by ``np.unique`` (of the
+    rows themselves where the code would overflow). All give the same rows in one order."""
+    n = cols[0].shape[0]
+    if n == 0:
+        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    values, ranks = [], []
+    for col in cols:
+        seen = np.zeros(int(col.max()) + 1, dtype=bool)
+        seen[col] = True
+        values.append(np.flatnonzero(seen))
+        ranks.append((np.cumsum(seen) - 1)[col])
+    space = 1
+    for v in values:
+        space *= len(v)
+    if space >= 1 << 62:  # the code would overflow int64: sort the rows themselves
+        keys, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return keys.astype(np.int64), inv.reshape(-1)
+    code = np.zeros(n, dtype=np.int64)
+    for rank, v in zip(ranks, values, strict=True):  # mixed radix over the distinct counts
+        code = code * len(v) + rank
+    if space <= min(DENSE_KEYS, 8 * n):  # a table no larger than a few times the rows
+        hit = np.zeros(space, dtype=bool)
+        hit[code] = True
+        uniq = np.flatnonzero(hit)
+        inv = (np.cumsum(hit) - 1)[code]
+    else:
+        uniq, inv = np.unique(code, return_inverse=True)
+    digits = []
+    rest = uniq
+    for v in reversed(values):  # decode each unique code back to the columns' values
+        digits.append(v[rest % len(v)])
+        rest = rest // len(v)
+    return np.stack(digits[::-1], axis=1).astype(np.int64), inv.reshape(-1)
+
+
+def group_lines(topo, group: tuple[int, ...], kind: str) -> np.ndarray:
+    """(3, 2) array of (alpha, beta) lines, padded with (inf, 0); (0, 0) for a group of one."""
+    out = np.zeros((3, 2))
+    out[:, 0] = np.inf
+    lines = collective_lines(topo, group, kind) if len(group) > 1 else [(0.0, 0.0)]
+    for i, (a, b) in enumerate(lines):
+        out[i] = (a, b)
+    return out
