@@ -154,7 +154,7 @@ def _a2a_lines(topology: Topology, group: Sequence[int], slowest_peer: bool = Fa
     tiers, memoized per group. ``slowest_peer=False``: seconds per byte sent to each peer of
     the tier, summed over its peers (``pairwise_all_to_all``); True: of the tier's slowest
     link (``forwarded_all_to_all``)."""
-    key = (tuple(int(g) for g in group), slowest_peer)
+    key = (group if isinstance(group, tuple) else tuple(int(g) for g in group), slowest_peer)
     return topology.memoized("a2a", key, _a2a_lines_of(topology))  # type: ignore
 
 

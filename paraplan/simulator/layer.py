@@ -4,6 +4,9 @@ and the TP collectives outside the layers (embedding, LM head, loss)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from paraplan.simulator import collectives as coll
 from paraplan.simulator import moe as routing
@@ -66,7 +69,8 @@ def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
                  ) -> tuple[int, ...]:
     """The GPUs of a group of ranks counted from ``base_rank``: ``base_rank + r`` for each r,
     mapped through ``plan.placement`` (rank r on GPU r when None)."""
-    ranks = tuple(base_rank + r for r in ranks)
+    if base_rank:
+        ranks = tuple(base_rank + r for r in ranks)
     return ranks if plan.placement is None else tuple(plan.placement[r] for r in ranks)
 
 
@@ -109,7 +113,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
         att = model.attention  # K and V as the attention kernel reads them (MLA: expanded)
         kv = mb_tokens * (att.k_width + att.v_width) * training.compute_bytes / t
-        ring = topo.p2p_ring(on(tuple(t * i for i in range(cp))))
+        ring = topo.p2p_ring(on(tuple(range(0, t * cp, t))))
         step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
                         ring.latency_s)
         # What the attention cannot cover stays exposed; the covered part costs NCCL's SMs
@@ -130,11 +134,11 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # expert outputs before the combine (Megatron-Core MoEAlltoAllTokenDispatcher).
         a2a = routing.dispatch_bytes(model, training, plan)
         etp = plan.expert_tp
-        ep_group = on(tuple(etp * j for j in range(plan.ep)))
+        ep_group = on(tuple(range(0, etp * plan.ep, etp)))
         if training.moe_dispatcher == "hierarchical":
             # DeepEP/HybridEP send a token once to each other rank it is routed to (not once
             # per expert), and across nodes once per remote node, forwarded over NVLink there.
-            nodes = len({int(topo.node_of_gpu[g]) for g in ep_group})
+            nodes = len(np.unique(topo.node_of_gpu[np.asarray(ep_group)]))
             token = a2a / model.moe_top_k
             remote = token * routing.other_groups_hit(model, nodes)
             local = token * routing.other_groups_hit(model, plan.ep)
@@ -205,12 +209,26 @@ def with_mtp(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, devic
     shared output head with its loss."""
     if not model.num_mtp_layers:
         return head
+    return HeadTimes(*(float(x) for x in mtp_columns(
+        model.num_mtp_layers, mtp_projection_time(model, training, plan, device),
+        (head.fwd, head.bwd, head.tp), (block.fwd, block.bwd, block.tp))))
+
+
+def mtp_projection_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                        device: Device) -> float:
+    """Forward seconds of one MTP module's 2h -> h projection (column-parallel), one
+    micro-batch."""
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    proj = gemm_time(device, tokens, model.hidden_size / plan.tp, 2 * model.hidden_size)
-    n = model.num_mtp_layers
-    return HeadTimes(head.fwd + n * (block.fwd + proj + head.fwd),
-                     head.bwd + n * (block.bwd + 2 * proj + head.bwd),
-                     head.tp + n * (block.tp + head.tp))
+    return gemm_time(device, tokens, model.hidden_size / plan.tp, 2 * model.hidden_size)
+
+
+def mtp_columns(n: int, proj_s: Any, head: tuple[Any, Any, Any], block: tuple[Any, Any, Any]
+                ) -> tuple[Any, Any, Any]:
+    """``with_mtp`` on numbers or arrays: (fwd, bwd, tp) of the head plus ``n`` MTP modules,
+    from the head's and one MoE block's (fwd, bwd, tp) and the projection's seconds."""
+    return (head[0] + n * (block[0] + proj_s + head[0]),
+            head[1] + n * (block[1] + 2 * proj_s + head[1]),
+            head[2] + n * (block[2] + head[2]))
 
 
 def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
@@ -237,30 +255,39 @@ def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
-    lt, tp_c, cp_c, ep_c = parts.times, parts.tp_s, parts.cp_s, parts.ep_s
-    full = recompute == "full"
-    extra = {
-        "full": lt.forward_s,
-        "selective": lt.attention_fwd_s,
-        # op-level SAC re-runs every other matmul and every memory-bound op.
-        "op": 0.5 * lt.gemm_fwd_s + lt.elementwise_fwd_s,
-    }.get(recompute, 0.0)
+    lt = parts.times
+    slow = np.nan if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
+    cols = compose_columns(lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
+                           lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s,
+                           parts.ep_s, parts.cp_bwd_s, slow, recompute)
+    return LayerCost(*(float(x) for x in cols))
+
+
+def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: Any,
+                    expert_s: Any, tp_s: Any, cp_s: Any, ep_s: Any, cp_bwd_s: Any,
+                    slowdown: Any, recompute: Any) -> tuple[Any, ...]:
+    """``compose_layer_cost`` on numbers or numpy arrays (the vectorized search composes every
+    plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` NaN where the
+    all-to-alls are not overlapped, ``recompute`` names. Returns the ``LayerCost`` fields in
+    order (fwd, bwd, wgrad, compute, tp, cp, ep, ep_lone_fwd, ep_lone_bwd)."""
+    full = np.equal(recompute, "full")
+    # What the backward re-runs; op-level SAC re-runs every other matmul and every
+    # memory-bound op.
+    extra = np.select([full, np.equal(recompute, "selective"), np.equal(recompute, "op")],
+                      [fwd_s, attn_s, 0.5 * gemm_s + elem_s], 0.0)
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
-    tp_f, tp_b = 2 * tp_c, 2 * tp_c + (2 * tp_c if full else 0.0)
-    cp_f, cp_b = cp_c, parts.cp_bwd_s + (cp_c if full else 0.0)
-    ep_f, ep_b = ep_c, ep_c + (ep_c if full else 0.0)
-    lone_f = lone_b = 0.0
-    if parts.ep_overlap_slowdown is not None and not full:
-        exposed = overlapped_a2a(lt, (ep_f + ep_b) / 4, extra, parts.ep_overlap_slowdown)
-        lone_f, lone_b = ep_f - exposed / 2, ep_b - exposed / 2
-        ep_f = ep_b = exposed / 2
-    return LayerCost(
-        fwd=lt.forward_s + tp_f + cp_f + ep_f,
-        bwd=lt.backward_s + extra + tp_b + cp_b + ep_b,
-        wgrad=lt.gemm_fwd_s,
-        compute=lt.forward_s + lt.backward_s + extra,
-        tp=tp_f + tp_b, cp=cp_f + cp_b, ep=ep_f + ep_b, ep_lone_fwd=lone_f, ep_lone_bwd=lone_b,
-    )
+    tp_f, tp_b = 2 * tp_s, 2 * tp_s + np.where(full, 2 * tp_s, 0.0)
+    cp_f, cp_b = cp_s, cp_bwd_s + np.where(full, cp_s, 0.0)
+    ep_f, ep_b = ep_s, ep_s + np.where(full, ep_s, 0.0)
+    # Megatron-Core refuses the all-to-all overlap under full recomputation.
+    over = ~np.isnan(slowdown) & ~full
+    exposed = overlapped_a2a(fwd_s, bwd_s, gemm_s, expert_s, (ep_f + ep_b) / 4, extra,
+                             np.where(over, slowdown, 0.0))
+    lone_f = np.where(over, ep_f - exposed / 2, 0.0)
+    lone_b = np.where(over, ep_b - exposed / 2, 0.0)
+    ep_f, ep_b = np.where(over, exposed / 2, ep_f), np.where(over, exposed / 2, ep_b)
+    return (fwd_s + tp_f + cp_f + ep_f, bwd_s + extra + tp_b + cp_b + ep_b, gemm_s,
+            fwd_s + bwd_s + extra, tp_f + tp_b, cp_f + cp_b, ep_f + ep_b, lone_f, lone_b)
 
 
 def unpartnered_share(schedule: str, p: int, m: int, stage: int, v: int) -> float:
@@ -273,9 +300,11 @@ def unpartnered_share(schedule: str, p: int, m: int, stage: int, v: int) -> floa
     return inflight_microbatches(schedule, p, m, stage, v=v) / m
 
 
-def overlapped_a2a(lt: LayerTimes, a2a_s: float, recompute_s: float, slowdown: float) -> float:
+def overlapped_a2a(fwd_s: Any, bwd_s: Any, gemm_s: Any, expert_s: Any, a2a_s: Any,
+                   recompute_s: Any, slowdown: Any) -> Any:
     """Exposed seconds of one MoE layer's four all-to-alls (``a2a_s`` each) under Megatron-Core's
-    1F1B all-to-all overlap, for a forward merged with another micro-batch's backward.
+    1F1B all-to-all overlap, for a forward merged with another micro-batch's backward
+    (numbers or arrays of ``LayerTimes`` fields).
 
     Layer i of the forward runs beside layer L-1-i of the backward
     (model_chunk_schedule_plan.py ``TransformerModelChunkSchedulePlan.run``), and inside the
@@ -292,11 +321,10 @@ def overlapped_a2a(lt: LayerTimes, a2a_s: float, recompute_s: float, slowdown: f
     communication kernels' SMs (``slowdown`` of the compute it runs under). Warm-up and
     cool-down passes, which have no partner, pay ``LayerCost.ep_lone_fwd`` / ``_bwd`` on top
     (``unpartnered_share``)."""
-    experts = lt.expert_fwd_s
-    side_wgrad = lt.gemm_fwd_s - experts
-    side_bwd = lt.backward_s + recompute_s - 2 * experts
-    pieces = (side_wgrad + lt.forward_s - experts, experts, 2 * experts, side_bwd - side_wgrad)
-    return sum(max(0.0, a2a_s - x) + min(a2a_s, x) * slowdown for x in pieces)
+    side_wgrad = gemm_s - expert_s
+    side_bwd = bwd_s + recompute_s - 2 * expert_s
+    pieces = (side_wgrad + fwd_s - expert_s, expert_s, 2 * expert_s, side_bwd - side_wgrad)
+    return sum(np.maximum(0.0, a2a_s - x) + np.minimum(a2a_s, x) * slowdown for x in pieces)
 
 
 def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,

@@ -58,8 +58,10 @@ def layer_activation_bytes(
     micro_batch: int,
     *,
     moe: bool,
+    recompute: str | None = None,
 ) -> float:
-    """Activation bytes one layer keeps for the backward pass, per rank, one micro-batch.
+    """Activation bytes one layer keeps for the backward pass, per rank, one micro-batch,
+    under ``recompute`` (default: the plan's).
 
     Korthikanti et al. 2022 eq. 1: attention 11sbh + 5as^2b, MLP 19sbh, norms 4sbh (MHA, 4h
     GELU MLP, dropout). Term by term (16-bit tensors = 2 bytes/element, masks 1 byte):
@@ -78,10 +80,11 @@ def layer_activation_bytes(
     a = model.num_attention_heads
     att = model.attention
     drop = 1.0 if training.dropout else 0.0
-    if plan.recompute == "full":
+    recompute = recompute or plan.recompute
+    if recompute == "full":
         # Only the layer input is kept (2sbh), sharded by t under sequence parallelism.
         return 2.0 * s * b * h / (t if plan.sequence_parallel else 1)
-    if plan.recompute == "op":
+    if recompute == "op":
         return s * b * op_checkpoint_elements(model, training, plan, moe=moe) * 2.0
 
     # Per token, in units of h elements (bytes = 2 per element, 1 per mask element).
@@ -123,7 +126,7 @@ def layer_activation_bytes(
         mlp_split = 2.0 * ffn_ratio * gate + ffn_in * ffn_ratio
         mlp_t = t
     score = 0.0
-    if not training.flash_attention and plan.recompute != "selective":
+    if not training.flash_attention and recompute != "selective":
         score = (5.0 if training.dropout else 2.0) * a * s / h
     if plan.sequence_parallel:
         per_token_h = (replicated + attn_split + score) / t + mlp_split / mlp_t

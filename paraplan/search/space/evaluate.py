@@ -18,9 +18,14 @@ from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
-from paraplan.simulator.layer import HeadTimes, lm_head_cost, with_mtp
+from paraplan.simulator.layer import (
+    compose_columns,
+    lm_head_cost,
+    mtp_columns,
+    mtp_projection_time,
+)
 from paraplan.simulator.memory import GiB, layer_activation_bytes
-from paraplan.simulator.step import LayerParts, compose_layer_cost, layer_parts
+from paraplan.simulator.step import LayerParts, layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
@@ -112,47 +117,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         np.zeros(n, dtype=np.int64)
     uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"],
                            zs])
-    nk = len(uniq)
-    lc = np.zeros((nk, 2, 9))  # [key, dense/moe, fwd bwd wgrad compute tp cp ep lone_f lone_b]
-    acts = np.zeros((nk, 3))  # dense, moe, working bytes
-    head = np.zeros((nk, 3))  # LM head (+ edge TP collectives) fwd, bwd, their TP part
-    # Dense layers and the LM head do not depend on ep/etp, nor the parts on recompute: each
-    # is computed once per the plan fields it reads (layer_parts' docstring lists them).
-    # Plans come from the validated space, so they are copies of a validated template.
-    dense_parts: dict[tuple[int, ...], tuple[LayerParts, HeadTimes]] = {}
-    moe_parts: dict[tuple[int, ...], LayerParts] = {}
-    act_parts: dict[tuple, float] = {}
-    tco_const = {k: v for k, v in const.items() if k in ("tp_comm_overlap",)}
-    templates: dict[bool | None, ParallelPlan] = {}
-    for i, (t, cp, sp, mbs, rc, ep, etp, z2) in enumerate(uniq):
-        tco = tco_const.get("tp_comm_overlap")
-        if space.trainer is not None and tco is None:
-            tco = tp_overlap(space.trainer.runs, int(t), bool(sp))
-        if tco not in templates:
-            templates[tco] = ParallelPlan() if tco is None else ParallelPlan(tp_comm_overlap=tco)
-        plan = templates[tco].model_copy(update={
-            "tp": int(t), "cp": int(cp), "sequence_parallel": bool(sp),
-            "micro_batch_size": int(mbs), "recompute": RECOMPUTES[rc], "ep": int(ep),
-            "etp": int(etp), "zero_stage": 2 if z2 else 0})
-        dkey = (int(t), int(cp), int(sp), int(mbs), int(z2))
-        if dkey not in dense_parts:
-            dense_parts[dkey] = (layer_parts(model, topo, training, plan, dev, moe=False),
-                                 lm_head_cost(model, topo, training, plan, dev))
-        pd, lm_head = dense_parts[dkey]
-        pm = pd
-        if model.is_moe:
-            mkey = (*dkey, int(ep), int(etp))
-            if mkey not in moe_parts:
-                moe_parts[mkey] = layer_parts(model, topo, training, plan, dev, moe=True)
-            pm = moe_parts[mkey]
-        for j, pt in enumerate((pd, pm)):
-            x = compose_layer_cost(pt, RECOMPUTES[rc])
-            lc[i, j] = (x.fwd, x.bwd, x.wgrad, x.compute, x.tp, x.cp, x.ep, x.ep_lone_fwd,
-                        x.ep_lone_bwd)
-        # The MTP modules' MoE block runs under this key's recompute (``x`` is the MoE one).
-        ht = with_mtp(model, training, plan, dev, lm_head, x)
-        head[i] = (ht.fwd, ht.bwd, ht.tp)
-        acts[i] = _activations(model, training, plan, act_parts)
+    lc, head, acts = _key_tables(space, dev, uniq)
 
     # ---- collective lines per group ---------------------------------------------------------
     tp_, cp_, dp_, ep_, etp_ = c["tp"], c["cp"], c["dp"], c["ep"], c["etp"]
@@ -214,30 +179,97 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
 
 
-def _activations(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                 cache: dict[tuple, float]) -> tuple[float, float, float]:
-    """``memory.layer_activations`` of a key's plan as (dense, moe, working), each part
+def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per key (rows of ``uniq``: tp, cp, sp, mbs, recompute, ep, etp, zero >= 2 under eager
+    kernels): composed layer costs ``[key, dense/moe, LayerCost fields]``, the LM head's
+    (fwd, bwd, tp) with the MTP modules, and activation bytes (dense, moe, working).
+
+    Each part is computed once per the plan fields it reads (``layer_parts``' docstring lists
+    them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers per those and
+    (ep, etp), activations without zs; composing under recompute runs on arrays."""
+    model, training, topo = space.model, space.training, space.cluster.topology
+    tco_const = space.constants.get("tp_comm_overlap")
+    templates: dict[bool | None, ParallelPlan] = {}
+
+    def plan_of(t: int, cp: int, sp: int, mbs: int, z2: int, ep: int = 1, etp: int = 1,
+                rc: str = "none") -> ParallelPlan:
+        # Plans come from the validated space, so they are copies of a validated template.
+        tco = tco_const
+        if space.trainer is not None and tco is None:
+            tco = tp_overlap(space.trainer.runs, int(t), bool(sp))
+        if tco not in templates:
+            templates[tco] = ParallelPlan() if tco is None else ParallelPlan(tp_comm_overlap=tco)
+        return templates[tco].model_copy(update={
+            "tp": int(t), "cp": int(cp), "sequence_parallel": bool(sp),
+            "micro_batch_size": int(mbs), "recompute": rc, "ep": int(ep), "etp": int(etp),
+            "zero_stage": 2 if z2 else 0})
+
+    def parts_row(pt: LayerParts) -> tuple[float, ...]:
+        lt = pt.times
+        return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
+                lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
+                np.nan if pt.ep_overlap_slowdown is None else pt.ep_overlap_slowdown)
+
+    rc = np.array(RECOMPUTES)[uniq[:, 4]]
+    du, dinv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7)])
+    dparts, dhead = np.zeros((len(du), 11)), np.zeros((len(du), 4))
+    for i, key in enumerate(du):
+        plan = plan_of(*key)
+        dparts[i] = parts_row(layer_parts(model, topo, training, plan, dev, moe=False))
+        h = lm_head_cost(model, topo, training, plan, dev)
+        proj = mtp_projection_time(model, training, plan, dev) if model.num_mtp_layers else 0.0
+        dhead[i] = (h.fwd, h.bwd, h.tp, proj)
+    lc = np.zeros((len(uniq), 2, 9))  # [key, dense/moe, LayerCost fields]
+    lc[:, 0] = np.stack(compose_columns(*dparts[dinv].T, rc), axis=1)
+    lc[:, 1] = lc[:, 0]
+    if model.is_moe:
+        mu, minv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
+        mparts = np.array([parts_row(layer_parts(model, topo, training, plan_of(*key), dev,
+                                                 moe=True)) for key in mu])
+        lc[:, 1] = np.stack(compose_columns(*mparts[minv].T, rc), axis=1)
+    h = dhead[dinv]
+    head = h[:, :3]
+    if model.num_mtp_layers:  # the MTP modules' MoE block runs under the key's recompute
+        head = np.stack(mtp_columns(model.num_mtp_layers, h[:, 3], tuple(h[:, :3].T),
+                                    tuple(lc[:, 1, [0, 1, 4]].T)), axis=1)
+    return lc, head, _activation_table(model, training, uniq, rc, plan_of)
+
+
+def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray,
+                      rc: np.ndarray, plan_of: Callable[..., ParallelPlan]) -> np.ndarray:
+    """``memory.layer_activations`` of each key as (dense, moe, working) bytes, each part
     computed once per the plan fields it reads: the dense layer's not per ep/etp, the
     recompute working set (the layer without recompute) not per recompute kind."""
-    base = (plan.tp, plan.cp, plan.sequence_parallel, plan.micro_batch_size)
-    experts = (plan.ep, plan.expert_tp)
-    mb = plan.micro_batch_size
+    out = np.zeros((len(uniq), 3))
+    plans: dict[tuple[int, ...], ParallelPlan] = {}  # recompute passed apart
 
-    def part(key: tuple, p: ParallelPlan, moe: bool) -> float:
-        if key not in cache:
-            cache[key] = layer_activation_bytes(model, training, p, mb, moe=moe)
-        return cache[key]
+    def fill(col: int, cols: tuple[int, ...], moe: bool, rows: np.ndarray,
+             recompute: str | None) -> None:
+        if not rows.any():
+            return
+        sub = uniq[rows]
+        u, uinv = key_index([sub[:, j] for j in cols])
+        vals = np.empty(len(u))
+        full = np.ones((len(u), 7), dtype=np.int64)  # ep, etp 1 where not keyed
+        full[:, list(cols)] = u
+        for i, (t, cp, sp, mbs, rci, ep, etp) in enumerate(full.tolist()):
+            shape = (t, cp, sp, mbs, ep, etp)
+            if shape not in plans:
+                plans[shape] = plan_of(t, cp, sp, mbs, 0, ep, etp)
+            vals[i] = layer_activation_bytes(model, training, plans[shape], mbs, moe=moe,
+                                             recompute=recompute or RECOMPUTES[rci])
+        out[rows, col] = vals[uinv]
 
-    dense = part(("dense", *base, plan.recompute), plan, False)
-    moe = part(("moe", *base, *experts, plan.recompute), plan, True) if model.is_moe else dense
-    working = 0.0
-    if plan.recompute in ("full", "op"):
-        key = ("working", *base, *(experts if model.is_moe else ()))
-        if key not in cache:
-            full = plan.model_copy(update={"recompute": "none"})
-            cache[key] = layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
-        working = cache[key]
-    return dense, moe, working
+    every = np.ones(len(uniq), dtype=bool)
+    fill(0, (0, 1, 2, 3, 4), False, every, None)
+    if model.is_moe:
+        fill(1, (0, 1, 2, 3, 4, 5, 6), True, every, None)
+    else:
+        out[:, 1] = out[:, 0]
+    working = np.isin(rc, ("full", "op"))
+    fill(2, (0, 1, 2, 3, 5, 6) if model.is_moe else (0, 1, 2, 3), model.is_moe, working, "none")
+    return out
 
 
 def _strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, ...]:
