@@ -256,36 +256,36 @@ def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
     lt = parts.times
-    slow = np.nan if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
     cols = compose_columns(lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
                            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s,
-                           parts.ep_s, parts.cp_bwd_s, slow, recompute)
+                           parts.ep_s, parts.cp_bwd_s, parts.ep_overlap_slowdown or 0.0,
+                           recompute)
     return LayerCost(*(float(x) for x in cols))
 
 
 def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: Any,
                     expert_s: Any, tp_s: Any, cp_s: Any, ep_s: Any, cp_bwd_s: Any,
                     slowdown: Any, recompute: Any) -> tuple[Any, ...]:
-    """``compose_layer_cost`` on numbers or numpy arrays (the vectorized search composes every
-    plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` NaN where the
-    all-to-alls are not overlapped, ``recompute`` names. Returns the ``LayerCost`` fields in
-    order (fwd, bwd, wgrad, compute, tp, cp, ep, ep_lone_fwd, ep_lone_bwd)."""
-    full = np.equal(recompute, "full")
+    """``compose_layer_cost`` on numbers or numpy arrays alike (the vectorized search composes
+    every plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` 0 where the
+    all-to-alls are not overlapped (an overlapped one always takes SMs), ``recompute`` names.
+    Returns the ``LayerCost`` fields in order (fwd, bwd, wgrad, compute, tp, cp, ep,
+    ep_lone_fwd, ep_lone_bwd). Masks are 0/1 factors, so one body serves both."""
+    full = 1 * (recompute == "full")
     # What the backward re-runs; op-level SAC re-runs every other matmul and every
     # memory-bound op.
-    extra = np.select([full, np.equal(recompute, "selective"), np.equal(recompute, "op")],
-                      [fwd_s, attn_s, 0.5 * gemm_s + elem_s], 0.0)
+    extra = full * fwd_s + (recompute == "selective") * attn_s \
+        + (recompute == "op") * (0.5 * gemm_s + elem_s)
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
-    tp_f, tp_b = 2 * tp_s, 2 * tp_s + np.where(full, 2 * tp_s, 0.0)
-    cp_f, cp_b = cp_s, cp_bwd_s + np.where(full, cp_s, 0.0)
-    ep_f, ep_b = ep_s, ep_s + np.where(full, ep_s, 0.0)
+    tp_f, tp_b = 2 * tp_s, 2 * tp_s + full * 2 * tp_s
+    cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
+    ep_f, ep_b = ep_s, ep_s + full * ep_s
     # Megatron-Core refuses the all-to-all overlap under full recomputation.
-    over = ~np.isnan(slowdown) & ~full
+    over = (slowdown > 0) * (1 - full)
     exposed = overlapped_a2a(fwd_s, bwd_s, gemm_s, expert_s, (ep_f + ep_b) / 4, extra,
-                             np.where(over, slowdown, 0.0))
-    lone_f = np.where(over, ep_f - exposed / 2, 0.0)
-    lone_b = np.where(over, ep_b - exposed / 2, 0.0)
-    ep_f, ep_b = np.where(over, exposed / 2, ep_f), np.where(over, exposed / 2, ep_b)
+                             over * slowdown)
+    lone_f, lone_b = over * (ep_f - exposed / 2), over * (ep_b - exposed / 2)
+    ep_f, ep_b = ep_f - lone_f, ep_b - lone_b
     return (fwd_s + tp_f + cp_f + ep_f, bwd_s + extra + tp_b + cp_b + ep_b, gemm_s,
             fwd_s + bwd_s + extra, tp_f + tp_b, cp_f + cp_b, ep_f + ep_b, lone_f, lone_b)
 
@@ -324,7 +324,9 @@ def overlapped_a2a(fwd_s: Any, bwd_s: Any, gemm_s: Any, expert_s: Any, a2a_s: An
     side_wgrad = gemm_s - expert_s
     side_bwd = bwd_s + recompute_s - 2 * expert_s
     pieces = (side_wgrad + fwd_s - expert_s, expert_s, 2 * expert_s, side_bwd - side_wgrad)
-    return sum(np.maximum(0.0, a2a_s - x) + np.minimum(a2a_s, x) * slowdown for x in pieces)
+    arrays = isinstance(a2a_s, np.ndarray)
+    hi, lo = (np.maximum, np.minimum) if arrays else (max, min)
+    return sum(hi(0.0, a2a_s - x) + lo(a2a_s, x) * slowdown for x in pieces)
 
 
 def layer_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,

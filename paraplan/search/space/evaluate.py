@@ -209,7 +209,7 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
         lt = pt.times
         return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
                 lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
-                np.nan if pt.ep_overlap_slowdown is None else pt.ep_overlap_slowdown)
+                pt.ep_overlap_slowdown or 0.0)
 
     rc = np.array(RECOMPUTES)[uniq[:, 4]]
     du, dinv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7)])
