@@ -4,6 +4,7 @@ trainer's rules, the trainer's own setting first, the user's choice kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -252,3 +253,28 @@ def test_derived_spaces_equal_spaces_built_for_the_setting():
                                 if "overlap" in k}
     with pytest.raises(ValueError):
         derive_space(derive_space(base, runs[1]), runs[2])  # an overlapped base
+
+
+def test_recipe_with_a_guessed_layout_is_priced_at_its_best_split():
+    """DeepSeek-V3's dgxc recipe (tp=2 pp=16 on 1,024 H100) ran NVIDIA's hand layout, which
+    paraplan does not know; the near-even guess puts the LM head and the MTP module on a
+    last stage as full as the others, so validate-recipes prices the recipe at the exact
+    layer-partition DP's split, as best re-splits its own plans."""
+    from paraplan.simulator.step import simulate
+    from paraplan.validate.recipes import _recipe_layout, recipe_cases
+
+    case = next(c for c in recipe_cases(("megatron_bridge_moe",))
+                if c.model.name.startswith("deepseek") and c.num_gpus == 1024)
+    trainer = load_trainer("megatron-core")
+    even = simulate(case.model, case.cluster, case.training,
+                    case.plan.model_copy(update={"dp": None}), trainer=trainer,
+                    time_if_oom=True)
+    split = _recipe_layout(case, trainer, even)
+    assert split is not None and split.feasible
+    layers = split.plan["layers_per_stage"]
+    assert sum(layers) == case.model.num_layers and len(layers) == 16
+    assert layers[-1] < max(layers)  # the head and MTP stage holds fewer layers
+    assert split.step_time_s < even.step_time_s
+    # A recipe whose layout paraplan was given is left alone.
+    stated = dataclasses.replace(case, assumptions=())
+    assert _recipe_layout(stated, trainer, even) is None

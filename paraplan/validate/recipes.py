@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from paraplan.search.dp.layer_split import optimal_layer_split
 from paraplan.search.dp.resplit import resplit_finalists
 from paraplan.search.exhaustive import RESPLITS, rank_key, top_k, uneven_layer_costs
 from paraplan.search.moe_runs import moe_runs, run_fields, run_label
@@ -35,8 +36,9 @@ from paraplan.search.space import evaluate_space
 from paraplan.search.space.build import run_spaces
 from paraplan.simulator.report import STEP_PARTS
 from paraplan.simulator.step import StepReport, simulate
+from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
-from paraplan.specs.trainer import trainer_training
+from paraplan.specs.trainer import TrainerSpec, trainer_training
 from paraplan.validate.published import DATA_DIR, PublishedCase, load_published_throughput
 
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc")
@@ -54,6 +56,34 @@ def recipe_cases(sources: tuple[str, ...] = RECIPE_SOURCES) -> list[PublishedCas
             and c.plan is not None and c.cluster is not None and c.cluster.is_homogeneous]
 
 
+def _recipe_layout(case: PublishedCase, trainer: TrainerSpec, even: StepReport
+                   ) -> StepReport | None:
+    """The recipe under the exact layer-partition DP's split, where that is faster and fits
+    as well as the near-even split the row was given, else None.
+
+    Only for rows whose layout paraplan guessed (``rows.py``: "recipe layout not modelled")
+    on a model whose layers differ in cost, pipelined without interleaving: NVIDIA lays such
+    stages out by hand (Megatron ``--pipeline-model-parallel-layout``, e.g. DeepSeek-V3's MTP
+    module and loss on a lighter last stage), and ``best`` re-splits its own pipelined plans
+    the same way, so the recipe is not charged a layout it did not run."""
+    plan = case.plan.model_copy(update={"dp": None})
+    guessed = any("recipe layout not modelled" in note for note in case.assumptions)
+    if not (guessed and uneven_layer_costs(case.model) and plan.pp > 1
+            and plan.virtual_stages == 1 and trainer.can.uneven_layers):
+        return None
+    try:
+        split = optimal_layer_split(case.model, case.cluster, case.training,
+                                    plan.model_copy(update={"layers_per_stage": None}))
+    except SpecError:
+        return None
+    rep = simulate(case.model, case.cluster, case.training, split.plan, trainer=trainer,
+                   time_if_oom=True)
+    if rep.step_time_s is None or rep.feasible < even.feasible \
+            or rep.step_time_s >= even.step_time_s:
+        return None
+    return rep
+
+
 def check_recipe(case: PublishedCase) -> dict[str, Any]:
     """One recipe row: its rank, #1's predicted gain over it and the parts that differ."""
     trainer = load_trainer(case.framework)
@@ -65,6 +95,10 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
     recipe = simulate(model, cluster, training, plan, trainer=trainer, time_if_oom=True)
     if recipe.step_time_s is None:
         return {**row, "status": "recipe_not_priced", "reason": "; ".join(recipe.reasons)}
+    laid_out = _recipe_layout(case, trainer, recipe)
+    if laid_out is not None:
+        recipe = laid_out
+        row["recipe_layers_per_stage"] = list(recipe.plan["layers_per_stage"])
     row["recipe_step_time_s"] = recipe.step_time_s
     row["recipe_fits"] = recipe.feasible
     if not recipe.feasible:
