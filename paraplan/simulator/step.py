@@ -302,7 +302,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     step = span + dp_time + zero3_exposed + opt + copies
     # ---- memory --------------------------------------------------------------------------
-    warm = a2a_overlap_warmup(model, training, plan)  # the MoE overlap's extra forward
+    warm = a2a_overlap_warmup(model, training, plan)  # the MoE overlap's extra layer
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v, extra=warm) for r in range(p)]
     mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
                                               inflight=inflight, moe_layers=moe_per_rank)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.search.space.build import PlanSpace
+from paraplan.search.space.keys import key_index
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -132,25 +133,26 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
             / (ep * etp).astype(float)[:, None]
     else:
         exp_r = np.zeros((len(idx), k))
-    ddp = (dp * cp).astype(float)[:, None]
-    edp2 = e_dp.astype(float)[:, None]
-    zz = z[:, None]
-    w_d = np.where(zz >= 3, dense_r / ddp, dense_r)
-    g_d = np.where(zz >= 2, dense_r / ddp, dense_r)
-    o_d = np.where(zz >= 1, dense_r / ddp, dense_r)
+    # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
+    # expert parameter (sharded over dp*cp / expert-DP from ZeRO stage 3, 2, 1 on) times
+    # the stage's parameters. FSDP's zero-3 shard is the fp32 master itself (memory.py).
+    inv_ddp, inv_edp = 1.0 / (dp * cp), 1.0 / e_dp
+
+    def per_param(inv: np.ndarray) -> np.ndarray:
+        weight = np.where(z >= 3, inv, 1.0) * cb
+        if training.fsdp_copies is not None:
+            weight = np.where(z == 3, 0.0, weight)
+        return weight + np.where(z >= 2, inv, 1.0) * training.grad_buffer_bytes \
+            + np.where(z >= 1, inv, 1.0) * training.optimizer_state_bytes_per_param
+
+    static = dense_r * per_param(inv_ddp)[:, None]
     if model.is_moe:
-        w_d = w_d + np.where(zz >= 3, exp_r / edp2, exp_r)
-        g_d = g_d + np.where(zz >= 2, exp_r / edp2, exp_r)
-        o_d = o_d + np.where(zz >= 1, exp_r / edp2, exp_r)
-    weights, grads = w_d * cb, g_d * training.grad_buffer_bytes
-    if training.fsdp_copies is not None:  # FSDP's zero-3 shard is the fp32 master (memory.py)
-        weights = np.where(zz == 3, 0.0, weights)
-    optim = o_d * training.optimizer_state_bytes_per_param
+        static = static + exp_r * per_param(inv_edp)[:, None]
     mbs = c["mbs"][idx].astype(float)
     s_local = training.seq_len / cp.astype(float)
     per_logit = loss_bytes_per_logit(training)
     a = ctx.acts[ctx.inv[idx]]
-    act_static = np.where(layers[None, :] > 0, a[:, 2, None], 0.0) \
+    act_static = (layers > 0)[None, :] * a[:, 2, None] \
         + last[None, :] * (per_logit * s_local * mbs * model.vocab_size / t
                            * (1 + model.num_mtp_layers))[:, None] \
         + first[None, :] * (2.0 * s_local * mbs * model.hidden_size)[:, None]
@@ -169,8 +171,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     infl = _inflight(sched, p, mi, v, rr, warm)
     act = (ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
         + act_static
-    tensors = weights + grads + optim + act
-    peak = weights + grads + optim + act + (other + ALLOCATOR_FRAGMENTATION * tensors)
+    peak = (1.0 + ALLOCATOR_FRAGMENTATION) * (static + act) + other
     worst = np.argmax(peak, axis=1)
     rows = np.arange(len(idx))
     peak_w = peak[rows, worst]
@@ -199,20 +200,22 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     # The MoE overlap's unpartnered warm-up / cool-down passes (layer.unpartnered_share): a
     # share that falls with the stage index, so a class's first stage has the most, its last
     # the least, and the means need the share summed over each class's stages.
-    lone = np.zeros((len(idx), p))
+    f, b, sum_f, sum_b, f_min, ep_lone = f0, b0, f0 @ cnt, b0 @ cnt, f0.min(axis=1), 0.0
     if model.is_moe and training.moe_a2a_overlap:
         lone = _inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))) / m[:, None]
-    lone_f, lone_b = stage(7), stage(8)
-    f, b = f0 + lone[:, rr] * lone_f, b0 + lone[:, rr] * lone_b
+        lone_f, lone_b = stage(7), stage(8)
+        f, b = f0 + lone[:, rr] * lone_f, b0 + lone[:, rr] * lone_b
+        lone_sum = lone @ cls
+        sum_f = sum_f + (lone_sum * lone_f).sum(axis=1)
+        sum_b = sum_b + (lone_sum * lone_b).sum(axis=1)
+        f_min = (f0 + lone[:, lasts] * lone_f).min(axis=1)
+        ep_lone = lone[:, rr] * (lone_f + lone_b)
     fb = f + b
     crit = np.argmax(fb, axis=1)
-    lone_sum = lone @ cls
-    mean_f = (f0 @ cnt + (lone_sum * lone_f).sum(axis=1)) / p
-    mean_b = (b0 @ cnt + (lone_sum * lone_b).sum(axis=1)) / p
-    mean_w = w @ cnt / p
+    mean_f, mean_b, mean_w = sum_f / p, sum_b / p, w @ cnt / p
     cc = ctx.t_p2p[idx] if p > 1 else np.zeros(len(idx))
     if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
-        win = (f0 + lone[:, lasts] * lone_f).min(axis=1) / v
+        win = f_min / v
         cc = np.maximum(0.0, cc - win) + np.minimum(cc, win) * ctx.slow
     total, base, odd = _pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
                                       ctx.exact_interleaved)
@@ -283,7 +286,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
     tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
     cp_c = m * stage(5)[rows, crit]
-    ep_c = m * (stage(6) + lone[:, rr] * (lone_f + lone_b))[rows, crit]
+    ep_c = m * (stage(6) + ep_lone)[rows, crit]
     times["compute"][idx] = m * comp[rows, crit] + copies
     times["tp_comm"][idx] = tp_c
     times["cp_comm"][idx] = cp_c
@@ -310,8 +313,8 @@ def _inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
     out = np.where(gp[:, None], mm, out)
     out = np.where(zb[:, None], np.minimum(p + ex, mm), out)
     if il.any():
-        um, minv = np.unique(m, return_inverse=True)
-        g = np.array([_group_size(p, int(x)) for x in um], dtype=float)[minv.reshape(-1), None]
+        um, minv = key_index([m])
+        g = np.array([_group_size(p, int(x)) for x in um[:, 0]], dtype=float)[minv, None]
         inter = np.minimum(2 * (p - r - 1) + (v - 1) * g + 1 + ex, mm * v) / v
         out = np.where(il[:, None], inter, out)
     return out
