@@ -158,7 +158,8 @@ def validate_recipes_cmd(
     table = Table(title="tuned recipes vs the search (same model, GPUs, batch, sequence, trainer)",
                   title_justify="left")
     for col in ("#", "model", "recipe", "search's #1", "rank", "gain", "why #1 is faster"):
-        table.add_column(col, justify="right" if col in ("#", "rank", "gain") else "left")
+        table.add_column(col, justify="right" if col in ("#", "rank", "gain") else "left",
+                         overflow="fold")
     for r in result["rows"]:
         if r["status"] != "ok":
             table.add_row(str(r["index"]), r["model"], r["recipe"], r["status"], "-", "-",
@@ -171,6 +172,8 @@ def validate_recipes_cmd(
         rank = str(r["rank"]) + mark
         recipe, best = (f"{r['recipe']} ({r['recipe_run']})", f"{r['best']} ({r['best_run']})"
                         ) if "recipe_run" in r else (r["recipe"], r["best"])
+        if "recipe_layers_per_stage" in r:  # its guessed layout priced at the DP's split
+            recipe += " split=" + "/".join(str(n) for n in r["recipe_layers_per_stage"])
         table.add_row(str(r["index"]), r["model"], recipe, best, rank,
                       f"{r['gain']:.3f}", why or "-")
     console().print(table)
@@ -180,4 +183,5 @@ def validate_recipes_cmd(
                         f"{result['ranked_first']} ranked first, {result['within_5pct']} within "
                         "5% of #1. * = the recipe is outside the searched space; ! = the "
                         "memory model calls the recipe out of memory (it ran), so it is not "
-                        "ranked.")
+                        "ranked; split= = layers per stage the recipe is priced with where its "
+                        "own layout is unknown (the exact layer-partition DP's).")
