@@ -99,6 +99,33 @@ class PlanSpace:
                          Counter(self.rejected), self.considered, self.trainer)
 
 
+HEADER_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sched", "v", "uneven")
+GRID_COLUMNS = ("sp", "zero", "mbs", "rc")
+
+
+def _columns(blocks: list[tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]],
+             zeros: np.ndarray, rcs: np.ndarray, batch: int) -> dict[str, np.ndarray]:
+    """The space's columns from its row blocks: each block's structural fields repeated over
+    its (sp, zero, mbs, recompute) grid, in that order with recompute fastest; each distinct
+    grid is built once."""
+    if not blocks:
+        return {k: np.zeros(0, dtype=np.int64) for k in (*HEADER_COLUMNS, *GRID_COLUMNS, "m")}
+    grids: dict[tuple[tuple[int, ...], tuple[int, ...]], list[np.ndarray]] = {}
+    for _, key in blocks:
+        if key not in grids:
+            sps, mbs = key
+            mesh = np.meshgrid(np.array(sps, dtype=np.int64), zeros,
+                               np.array(mbs, dtype=np.int64), rcs, indexing="ij")
+            grids[key] = [g.ravel() for g in mesh]
+    sizes = np.array([grids[key][0].size for _, key in blocks])
+    heads = np.array([h for h, _ in blocks], dtype=np.int64)
+    cols = {name: np.repeat(heads[:, j], sizes) for j, name in enumerate(HEADER_COLUMNS)}
+    for j, name in enumerate(GRID_COLUMNS):
+        cols[name] = np.concatenate([grids[key][j] for _, key in blocks])
+    cols["m"] = batch // (cols["dp"] * cols["mbs"])
+    return cols
+
+
 def _allowed(fix: dict[str, Any], key: str, values: list[Any]) -> list[Any]:
     if key in fix and fix[key] is not None:
         return [v for v in values if v == fix[key]] or [fix[key]]
@@ -144,7 +171,9 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                             f"{group.gpu.name}", field="precision", value=training.precision,
                             allowed=sorted(group.gpu.peak_tflops))
 
-    blocks: list[dict[str, np.ndarray]] = []
+    # One row block per structural choice: its fields, and the (sp, zero, mbs, recompute)
+    # grid it spans (the sp values and the micro-batches that divide the batch).
+    blocks: list[tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]]]] = []
     considered = 0
     for t in tps:
         sps = [0, 1] if t > 1 else [0]
@@ -208,25 +237,9 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                             rejected[R_BATCH] += (len(mbss) - len(ok_mbs)) * (count // len(mbss))
                             if not len(ok_mbs):
                                 continue
-                            g_sp, g_z, g_m, g_rc = np.meshgrid(
-                                np.array(sps, dtype=np.int64), zeros, ok_mbs, rcs,
-                                indexing="ij")
-                            k = g_sp.size
-                            blocks.append({
-                                "tp": np.full(k, t), "pp": np.full(k, p), "dp": np.full(k, dp),
-                                "cp": np.full(k, cp), "ep": np.full(k, ep),
-                                "etp": np.full(k, etp), "sp": g_sp.ravel(),
-                                "zero": g_z.ravel(), "mbs": g_m.ravel(),
-                                "sched": np.full(k, s_idx), "v": np.full(k, v),
-                                "rc": g_rc.ravel(), "m": B // (dp * g_m.ravel()),
-                                "uneven": np.full(k, int(uneven)),
-                            })
-    keys = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc", "m",
-            "uneven")
-    if blocks:
-        cols = {k: np.concatenate([b[k] for b in blocks]).astype(np.int64) for k in keys}
-    else:
-        cols = {k: np.zeros(0, dtype=np.int64) for k in keys}
+                            blocks.append(((t, p, dp, cp, ep, etp, s_idx, v, int(uneven)),
+                                           (tuple(sps), tuple(ok_mbs.tolist()))))
+    cols = _columns(blocks, zeros, rcs, B)
     if trainer is not None:
         keep, refused = trainer_mask(cols, trainer, model, training)
         cols = {k: v[keep] for k, v in cols.items()}
