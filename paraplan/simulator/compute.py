@@ -228,8 +228,8 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     for projection in att.projections:  # QKV + O; MLA's replicated down projection whole
         k, n = projection.per_rank(t)
         proj += gemm_time(device, tokens, n, k)
-    mlp = mlp_gemm_time(model, training, plan, device, moe=moe)
     experts = expert_gemm_time(model, training, plan, device) if moe else 0.0
+    mlp = mlp_gemm_time(model, training, plan, device, moe=moe, experts_s=experts)
 
     # Attention scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip
     # the masked half; without flash the s x s scores are materialised (memory-bound softmax).
@@ -270,10 +270,11 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
 
 
 def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
-                  *, moe: bool) -> float:
+                  *, moe: bool, experts_s: float | None = None) -> float:
     """Forward GEMM seconds of one layer's MLP, one micro-batch, one rank: the TP-split dense
     MLP, or the MoE block (the router on the rank's dispatched tokens, every local expert's
-    two (three) matrices on its routed rows, the shared experts as a TP-split MLP)."""
+    two (three) matrices on its routed rows, the shared experts as a TP-split MLP).
+    ``experts_s``: the routed experts' ``expert_gemm_time`` when the caller has it."""
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     h = model.hidden_size
@@ -282,7 +283,9 @@ def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         # The router scores the rank's dispatched tokens; shared experts run as a TP-split
         # dense MLP on all the layer's tokens (Megatron-Core SharedExpertMLP).
         router = gemm_time(device, routing.dispatch_tokens(training, plan), model.num_experts, h)
-        mlp = expert_gemm_time(model, training, plan, device) + router
+        if experts_s is None:
+            experts_s = expert_gemm_time(model, training, plan, device)
+        mlp = experts_s + router
         if model.num_shared_experts:
             shared = model.num_shared_experts * model.expert_ffn / t
             mlp += gemm_time(device, tokens, gate * shared, h) + gemm_time(device, tokens, h,

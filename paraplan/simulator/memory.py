@@ -221,6 +221,12 @@ class LayerActivations:
     working: float
 
 
+WORKING_SET_RECOMPUTES = ("full", "op")
+"""Recompute kinds whose backward re-materializes a whole layer at a time: its activations
+without recompute (of an MoE layer where the model has them) are the working set
+``LayerActivations.working``."""
+
+
 def layer_activations(model: ModelSpec, training: TrainingSpec,
                       plan: ParallelPlan) -> LayerActivations:
     """Activation bytes per layer for ``plan`` (see layer_activation_bytes)."""
@@ -228,9 +234,9 @@ def layer_activations(model: ModelSpec, training: TrainingSpec,
     dense = layer_activation_bytes(model, training, plan, mb, moe=False)
     moe = layer_activation_bytes(model, training, plan, mb, moe=True) if model.is_moe else dense
     working = 0.0
-    if plan.recompute in ("full", "op"):
-        full = plan.model_copy(update={"recompute": "none"})
-        working = layer_activation_bytes(model, training, full, mb, moe=model.is_moe)
+    if plan.recompute in WORKING_SET_RECOMPUTES:
+        working = layer_activation_bytes(model, training, plan, mb, moe=model.is_moe,
+                                         recompute="none")
     return LayerActivations(dense, moe, working)
 
 

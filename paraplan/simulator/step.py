@@ -160,8 +160,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     moe_per_rank: list[int] = []
     # Under the MoE all-to-all overlap the warm-up forwards and cool-down backwards have no
     # partner and expose their all-to-alls (``LayerCost.ep_lone_fwd``); a share of each pass.
-    lone = [unpartnered_share(plan.schedule, p, m, r, v) if a2a_overlap_warmup(
-        model, training, plan) else 0.0 for r in range(p)]
+    warm = a2a_overlap_warmup(model, training, plan)  # > 0 exactly when the overlap runs
+    lone = [unpartnered_share(plan.schedule, p, m, r, v) if warm else 0.0 for r in range(p)]
     for r in range(p):
         n_moe = sum(moe_layers_in(model, starts[c * p + r], chunks[c * p + r])
                     for c in range(v)) if model.is_moe else 0
@@ -302,7 +302,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     step = span + dp_time + zero3_exposed + opt + copies
     # ---- memory --------------------------------------------------------------------------
-    warm = a2a_overlap_warmup(model, training, plan)  # the MoE overlap's extra layer
+    # The MoE overlap's extra layer in flight (``warm``).
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v, extra=warm) for r in range(p)]
     mems: list[StageMemory] = pipeline_memory(model, training, plan, dp=dp, layers=layers,
                                               inflight=inflight, moe_layers=moe_per_rank)

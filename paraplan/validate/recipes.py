@@ -28,18 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.search.dp.layer_split import optimal_layer_split
-from paraplan.search.dp.resplit import resplit_finalists
+from paraplan.search.dp.resplit import best_split, resplit_finalists
 from paraplan.search.exhaustive import RESPLITS, rank_key, top_k, uneven_layer_costs
 from paraplan.search.moe_runs import moe_runs, run_fields, run_label
 from paraplan.search.space import evaluate_space
 from paraplan.search.space.build import run_spaces
 from paraplan.simulator.report import STEP_PARTS
 from paraplan.simulator.step import StepReport, simulate
-from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.trainer import TrainerSpec, trainer_training
 from paraplan.validate.published import DATA_DIR, PublishedCase, load_published_throughput
+from paraplan.validate.rows import LAYOUT_GUESSED
 
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc")
 """The space columns that name a plan (``PlanSpace``; ``m`` and ``uneven`` follow from them)."""
@@ -61,22 +60,20 @@ def _recipe_layout(case: PublishedCase, trainer: TrainerSpec, even: StepReport
     """The recipe under the exact layer-partition DP's split, where that is faster and fits
     as well as the near-even split the row was given, else None.
 
-    Only for rows whose layout paraplan guessed (``rows.py``: "recipe layout not modelled")
+    Only for rows whose layout paraplan guessed (``rows.LAYOUT_GUESSED``)
     on a model whose layers differ in cost, pipelined without interleaving: NVIDIA lays such
     stages out by hand (Megatron ``--pipeline-model-parallel-layout``, e.g. DeepSeek-V3's MTP
     module and loss on a lighter last stage), and ``best`` re-splits its own pipelined plans
     the same way, so the recipe is not charged a layout it did not run."""
     plan = case.plan.model_copy(update={"dp": None})
-    guessed = any("recipe layout not modelled" in note for note in case.assumptions)
+    guessed = any(LAYOUT_GUESSED in note for note in case.assumptions)
     if not (guessed and uneven_layer_costs(case.model) and plan.pp > 1
             and plan.virtual_stages == 1 and trainer.can.uneven_layers):
         return None
-    try:
-        split = optimal_layer_split(case.model, case.cluster, case.training,
-                                    plan.model_copy(update={"layers_per_stage": None}))
-    except SpecError:
+    split = best_split(case.model, case.cluster, case.training, plan)
+    if split is None:
         return None
-    rep = simulate(case.model, case.cluster, case.training, split.plan, trainer=trainer,
+    rep = simulate(case.model, case.cluster, case.training, split, trainer=trainer,
                    time_if_oom=True)
     if rep.step_time_s is None or rep.feasible < even.feasible \
             or rep.step_time_s >= even.step_time_s:

@@ -69,6 +69,10 @@ from paraplan.validate.source_facts import (
     row_year_month,
 )
 
+LAYOUT_GUESSED = "recipe layout not modelled"
+"""Note on a row whose pipeline layout paraplan guessed (the near-even split of a recipe that
+lays its stages out by hand); ``validate.recipes`` prices such recipes at their best split."""
+
 
 @dataclass
 class _Specs:
@@ -311,7 +315,7 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         # The recipes lay uneven stages out with --pipeline-model-parallel-layout (e.g.
         # DeepSeek-V3 "Et|(tt|)*30mL"); the nearest even split stands in for it.
         layers_per_stage = even_split(model.num_layers, pp * vpp)
-        s.guess(f"layers per pipeline chunk {layers_per_stage} (recipe layout not modelled)")
+        s.guess(f"layers per pipeline chunk {layers_per_stage} ({LAYOUT_GUESSED})")
     return make_spec(
         ParallelPlan, "plan", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
         # torchtitan's TP plan always shards norms over the sequence (SequenceParallel) and

@@ -11,8 +11,12 @@ import numpy as np
 from paraplan.search.dp.layer_split import optimal_layer_split
 from paraplan.search.space import Evaluation, PlanSpace
 from paraplan.simulator.step import StepReport, even_split, simulate
+from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import TrainerSpec
+from paraplan.specs.training import TrainingSpec
 
 
 def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
@@ -31,17 +35,26 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     resplit = 0
     for i in rows.tolist():
         plan = space.plan(i)
-        try:
-            split = optimal_layer_split(model, cluster, training,
-                                        plan.model_copy(update={"layers_per_stage": None}))
-        except SpecError:
+        split = best_split(model, cluster, training, plan)
+        if split is None:
             continue
         resplit += 1
-        if list(split.plan.layers_per_stage or []) == even_split(model.num_layers, plan.pp):
+        if list(split.layers_per_stage or []) == even_split(model.num_layers, plan.pp):
             continue  # the split the plan already has (its report is the exhaustive one)
-        rep = simulate(model, cluster, training, split.plan, trainer=trainer)
+        rep = simulate(model, cluster, training, split, trainer=trainer)
         key = json.dumps(rep.plan, sort_keys=True)
         if rep.feasible and key not in seen:
             seen.add(key)
             out.append(rep)
     return out, resplit
+
+
+def best_split(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+               plan: ParallelPlan) -> ParallelPlan | None:
+    """``plan`` with the layer split :func:`optimal_layer_split` finds for it (whatever split
+    it had), or None where the DP finds none."""
+    try:
+        return optimal_layer_split(model, cluster, training,
+                                   plan.model_copy(update={"layers_per_stage": None})).plan
+    except SpecError:
+        return None

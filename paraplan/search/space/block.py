@@ -3,7 +3,6 @@ collectives, pipeline span, DP sync, memory per stage."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -90,20 +89,17 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     # Stages with the same (layers, MoE layers, first, last) differ only in in-flight
     # micro-batches, which never grow with the stage index; so each class's first stage is
     # the one that can be the slowest or fullest, and sums over stages need only class counts.
+    stage_keys = [(all_layers[r], all_moe[r], r == 0, r == p - 1) for r in range(p)]
     firsts: dict[tuple, int] = {}
-    counts: Counter = Counter()
-    for r in range(p):
-        key = (all_layers[r], all_moe[r], r == 0, r == p - 1)
+    for r, key in enumerate(stage_keys):
         firsts.setdefault(key, r)
-        counts[key] += 1
     rr = np.array(sorted(firsts.values()))
+    column = {int(r): j for j, r in enumerate(rr)}
     cls = np.zeros((p, len(rr)))  # stage -> its class (column of rr)
-    for r in range(p):
-        cls[r, int(np.searchsorted(rr, firsts[(all_layers[r], all_moe[r], r == 0,
-                                                  r == p - 1)]))] = 1.0
-    lasts = cls.shape[0] - 1 - np.argmax(cls[::-1], axis=0)  # each class's last stage
-    cnt = np.array([counts[(all_layers[r], all_moe[r], r == 0, r == p - 1)] for r in rr],
-                   dtype=float)
+    for r, key in enumerate(stage_keys):
+        cls[r, column[firsts[key]]] = 1.0
+    lasts = p - 1 - np.argmax(cls[::-1], axis=0)  # each class's last stage
+    cnt = cls.sum(axis=0)  # stages per class
     layers = np.array([all_layers[r] for r in rr], dtype=float)
     nmoe = np.array([all_moe[r] for r in rr], dtype=float)
     ndense = layers - nmoe

@@ -24,7 +24,7 @@ from paraplan.simulator.layer import (
     mtp_columns,
     mtp_projection_time,
 )
-from paraplan.simulator.memory import GiB, layer_activation_bytes
+from paraplan.simulator.memory import WORKING_SET_RECOMPUTES, GiB, layer_activation_bytes
 from paraplan.simulator.step import LayerParts, layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
@@ -267,7 +267,7 @@ def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray
         fill(1, (0, 1, 2, 3, 4, 5, 6), True, every, None)
     else:
         out[:, 1] = out[:, 0]
-    working = np.isin(rc, ("full", "op"))
+    working = np.isin(rc, WORKING_SET_RECOMPUTES)
     fill(2, (0, 1, 2, 3, 5, 6) if model.is_moe else (0, 1, 2, 3), model.is_moe, working, "none")
     return out
 
