@@ -231,9 +231,11 @@ def _export_best(result: Any, data: dict[str, Any], model: Any, cluster: Any, tr
 def _run_suffix(rep: dict[str, Any]) -> str:
     """The MoE run setting a plan was ranked under, for the table (nothing for alltoall
     without overlap, the trainers' plain setting, and for dense models)."""
-    words = (["deepep"] if rep.get("moe_dispatcher") == "hierarchical" else []) + \
-        (["a2a-overlap"] if rep.get("moe_a2a_overlap") else [])
-    return "".join(f" {w}" for w in words)
+    if "moe_dispatcher" not in rep:
+        return ""
+    from paraplan.search.moe_runs import run_label
+
+    return "".join(f" {w}" for w in run_label(rep).split(" + ") if w != "alltoall")
 
 
 def _explain(data: dict[str, Any]) -> dict[str, Any]:
