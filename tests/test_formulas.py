@@ -130,6 +130,46 @@ def test_sustained_clock_scales_compute_not_memory():
     assert held.memory_Bps == burst.memory_Bps
 
 
+def test_power_limit_interpolates_the_rated_peaks_of_the_same_die():
+    """H100 at a 500 W cap: between NVIDIA's rated dense BF16 of the H100 NVL (835 TFLOPS at
+    400 W) and the SXM (989 at 700 W): (835 + (989 - 835) / 3) / 989 = 0.8962 of the SXM's
+    compute; memory bandwidth untouched. The HBM2e part ships at 500 W (torchtitan)."""
+    from paraplan.specs import load_gpu
+
+    sxm = load_gpu("h100-sxm")
+    assert sxm.power_fraction == 1.0  # no limit set: the TDP
+    capped = sxm.model_validate({**sxm.model_dump(), "power_limit_W": 500})
+    assert capped.power_fraction == pytest.approx((835 + (989 - 835) / 3) / 989, abs=2e-4)
+    at400 = sxm.model_validate({**sxm.model_dump(), "power_limit_W": 400})
+    assert at400.power_fraction == pytest.approx(835 / 989, abs=2e-4)
+    full, low = Device.of(sxm, "bf16"), Device.of(capped, "bf16")
+    assert low.matmul_flops == pytest.approx(full.matmul_flops * capped.power_fraction)
+    assert low.attention_bwd_flops == pytest.approx(full.attention_bwd_flops
+                                                    * capped.power_fraction)
+    assert low.table_scale == pytest.approx(full.table_scale * capped.power_fraction)
+    assert low.memory_Bps == full.memory_Bps
+    assert load_gpu("h100-sxm-hbm2e").power_limit_W == 500
+
+
+def test_power_limit_off_the_curve_is_refused(tmp_path):
+    from paraplan.specs import SpecError, load_gpu
+    from paraplan.specs.loaders import load_cluster
+
+    sxm = load_gpu("h100-sxm")
+    with pytest.raises(ValueError, match="power_limit_W=300 is below"):
+        sxm.model_validate({**sxm.model_dump(), "power_limit_W": 300})
+    a100 = load_gpu("a100-sxm-80gb")  # no power curve: only limits at or above its TDP
+    with pytest.raises(ValueError, match="no power_curve"):
+        a100.model_validate({**a100.model_dump(), "power_limit_W": 300, "tdp_W": 400})
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\nnode: {gpu: h100-sxm, gpus_per_node: 8, intra_node_link: nvlink4,"
+                    " inter_node_link: ib-ndr, gpu_power_limit_W: 250}\n")
+    with pytest.raises(SpecError) as err:
+        load_cluster(str(path))
+    assert err.value.field == "cluster.node.gpu_power_limit_W"
+    assert "400 to 700 W" in str(err.value.allowed)
+
+
 def test_unknown_gemm_table_is_a_spec_error():
     from paraplan.specs import SpecError
     from paraplan.specs.loaders import load_gemm_table

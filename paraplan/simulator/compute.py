@@ -79,8 +79,9 @@ class Device:
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
             else gpu.matmul_efficiency
         # Every compute efficiency is a burst measurement; training runs at the clock the
-        # power limit sustains (GPUSpec.sustained_clock_fraction, cited per profile).
-        clock = gpu.sustained_clock_fraction
+        # power limit sustains (GPUSpec.sustained_clock_fraction, cited per profile), lower
+        # still on hosts that cap the board below its TDP (GPUSpec.power_fraction).
+        clock = gpu.sustained_clock_fraction * gpu.power_fraction
         matmul = peak * eff * clock
         # Attention kernels run in 16-bit even in fp8 training.
         peak16 = max(gpu.peak_tflops.get("bf16", 0.0), gpu.peak_tflops.get("fp16", 0.0)) * 1e12

@@ -137,6 +137,14 @@ class GPUSpec(StrictModel):
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
     tdp_W: float | None = Field(default=None, gt=0, le=1e5)
+    power_limit_W: float | None = Field(default=None, gt=0, le=1e5)
+    """Board power limit the GPUs run at, W (``nvidia-smi -pl``; some hosts ship below the
+    TDP). None = the TDP. A limit below the top of ``power_curve`` scales every compute-bound
+    kernel (GEMMs, attention) by the curve's throughput there; memory bandwidth is kept."""
+    power_curve: list[tuple[float, float]] = Field(default_factory=list)
+    """(power limit W, compute throughput relative to this profile) points for the same die,
+    ascending in W and ending at 1.0: the vendor's rated dense peaks of its lower-power parts
+    over this part's (``sources`` cites them); linear between points."""
     price_per_hour_usd: float | None = Field(default=None, ge=0, le=1e6)
     scale_up_link: str | None = None
     form_factor: Literal["sxm", "pcie", "oam", "other"] | None = None
@@ -151,6 +159,37 @@ class GPUSpec(StrictModel):
             if not 0 < value <= 1e6:
                 raise ValueError(f"peak_tflops.{dtype}={value} must be > 0 and <= 1e6")
         return self
+
+    @model_validator(mode="after")
+    def _power_limit_priced(self) -> GPUSpec:
+        curve = self.power_curve
+        for (w0, f0), (w1, f1) in zip(curve, curve[1:], strict=False):
+            if not (w0 < w1 and f0 <= f1):
+                raise ValueError("power_curve points must rise in power_limit_W and throughput")
+        if curve and not (curve[0][1] > 0 and curve[-1][1] == 1.0):
+            raise ValueError("power_curve throughputs must be in (0, 1] and end at 1.0")
+        limit = self.power_limit_W
+        if limit is None:
+            return self
+        top = curve[-1][0] if curve else self.tdp_W
+        if top is not None and limit < top and not (curve and limit >= curve[0][0]):
+            lowest = f"{curve[0][0]:g} W" if curve else "no power_curve"
+            raise ValueError(f"power_limit_W={limit:g} is below what this profile can price "
+                             f"(lowest point: {lowest}); allowed: {curve[0][0] if curve else top:g}"
+                             f" to {top:g} W")
+        return self
+
+    @property
+    def power_fraction(self) -> float:
+        """Compute throughput at ``power_limit_W`` relative to the profile (1.0 at or above
+        the curve's top point, or without a limit)."""
+        limit, curve = self.power_limit_W, self.power_curve
+        if limit is None or not curve or limit >= curve[-1][0]:
+            return 1.0
+        for (w0, f0), (w1, f1) in zip(curve, curve[1:], strict=False):
+            if w0 <= limit <= w1:
+                return f0 + (f1 - f0) * (limit - w0) / (w1 - w0)
+        return curve[0][1]  # unreachable: the validator keeps the limit on the curve
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for ``dtype`` in FLOP/s. KeyError if the GPU lacks that dtype."""

@@ -182,6 +182,26 @@ def load_gpu(ref: str | dict | GPUSpec, where: str = "gpu") -> GPUSpec:
     return _load_named("gpus", ref, GPUSpec, where, resolve=_resolve_gpu)
 
 
+def _power_limited(gpu: Any, limit: Any, at: str) -> GPUSpec:
+    """The node group's GPU at the board power limit its YAML sets (``gpu_power_limit_W``)."""
+    where = f"{at}.gpu_power_limit_W"
+    if not isinstance(gpu, GPUSpec):
+        raise SpecError(f"{where} needs the group's gpu", field=where, value=limit)
+    if isinstance(limit, bool) or not isinstance(limit, int | float):
+        raise SpecError(f"{where}={limit!r} must be a number of watts", field=where, value=limit)
+    try:
+        return GPUSpec.model_validate({**gpu.model_dump(), "power_limit_W": float(limit)})
+    except ValidationError as exc:
+        reason = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ")
+                           for e in exc.errors())
+        curve = gpu.power_curve
+        allowed = (f"{curve[0][0]:g} to {curve[-1][0]:g} W" if curve
+                   else f"{gpu.tdp_W:g} W or more (this GPU has no power_curve)" if gpu.tdp_W
+                   else "a positive number of watts")
+        raise SpecError(f"{where}={limit!r} cannot be priced for {gpu.name}: {reason}",
+                        field=where, value=limit, allowed=allowed) from None
+
+
 def load_link(ref: str | dict | LinkSpec, where: str = "link") -> LinkSpec:
     """A link by preset name (``ib-ndr``), YAML path or mapping (``where`` as in load_gpu)."""
     return _load_named("links", ref, LinkSpec, where)
@@ -282,6 +302,8 @@ def cluster_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Clu
         at = "cluster.node" if single else f"cluster.node_groups[{i}]"
         if "gpu" in group:
             group["gpu"] = load_gpu(group["gpu"], f"{at}.gpu")
+        if "gpu_power_limit_W" in group:
+            group["gpu"] = _power_limited(group.get("gpu"), group.pop("gpu_power_limit_W"), at)
         for key in ("intra_node_link", "inter_node_link"):
             if group.get(key) is not None:
                 group[key] = load_link(group[key], f"{at}.{key}")

@@ -212,7 +212,7 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
     if "hbm2e" in cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
         # Grand Teton H100s carry HBM2e (2.41 TB/s), not the SXM5's HBM3 (3.35 TB/s).
         group = group.model_copy(update={"gpu": load_gpu("h100-sxm-hbm2e")})
-        s.notes.append("GPU h100-sxm-hbm2e (HBM2e part); its 500 W power limit is not modelled")
+        s.notes.append("GPU h100-sxm-hbm2e (HBM2e part at its 500 W power limit)")
     mem = int_cell(row, "gpu_mem_gb")
     if mem and abs(group.gpu.memory_GiB - mem) > 1:
         gpu = group.gpu.model_copy(update={"memory_GiB": float(mem)})
