@@ -170,6 +170,34 @@ def test_power_limit_off_the_curve_is_refused(tmp_path):
     assert "400 to 700 W" in str(err.value.allowed)
 
 
+def test_loss_passes_by_implementation_by_hand():
+    """Cross entropy traffic per 16-bit logit (simulator.loss): flash-attn's one-kernel loss
+    reads the logits forward (2 B) and reads them and writes the gradient backward (4 B);
+    each Composer training metric is an eager fp32 cross entropy forward (22 B). MPT-7B's
+    micro-batch of 128 x 512 tokens on an A100 80GB: 65,536 x 50,432 logits at 2,039 GB/s x
+    0.84; llm-foundry's 2 + 2 x 22 = 46 B forward and 4 B backward against the generic
+    20 B and 20 B."""
+    from paraplan.simulator.loss import lm_head_times, loss_bytes_per_logit_moved
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_training
+
+    training = trainer_training(load_trainer("llm-foundry"),
+                                TrainingSpec(global_batch_size=256, seq_len=512))
+    assert (training.loss_kernels, training.logit_metric_passes) == ("one_kernel", 2)
+    assert loss_bytes_per_logit_moved(training) == (2.0 + 2 * 22.0, 4.0)
+    generic = TrainingSpec(global_batch_size=256, seq_len=512)
+    assert loss_bytes_per_logit_moved(generic) == (20.0, 20.0)
+    assert loss_bytes_per_logit_moved(generic.model_copy(update={"loss_kernels": "eager"})) \
+        == (22.0, 22.0)
+    model, plan = load_model("mpt-7b"), parse_plan("tp=1,mbs=128")
+    dev = Device.of(load_cluster("dgx-a100-80gb", nodes=1).gpu, "bf16")
+    (f1, b1), (f0, b0) = (lm_head_times(model, t, plan, dev) for t in (training, generic))
+    assert model.vocab_size == 50432
+    logits_s = 128 * 512 * 50432 / (2039e9 * 0.84)
+    assert f1 - f0 == pytest.approx((46.0 - 20.0) * logits_s, rel=1e-9)
+    assert b1 - b0 == pytest.approx((4.0 - 20.0) * logits_s, rel=1e-9)
+
+
 def test_unknown_gemm_table_is_a_spec_error():
     from paraplan.specs import SpecError
     from paraplan.specs.loaders import load_gemm_table
@@ -346,7 +374,7 @@ def test_head_tp_collectives_by_hand(sp):
     = 70 + 159.13 = 229.13 us (SP: all-gather + reduce-scatter, the same sum); the loss's
     3 all-reduces of 4096 fp32 values cost 3 * (70 + 0.08) = 210.23 us. Forward pays the
     embedding's collective and the loss's three (439.37 us), backward the LM head's."""
-    from paraplan.simulator.compute import lm_head_times
+    from paraplan.simulator.loss import lm_head_times
     from paraplan.simulator.step import head_times
 
     cluster = load_cluster("dgx-h100", nodes=1)

@@ -373,18 +373,6 @@ def accumulation_time(params_on_rank: float, training: TrainingSpec, plan: Paral
     return 3.0 * training.compute_bytes * params_on_rank / device.memory_Bps
 
 
-def lm_head_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                  device: Device) -> tuple[float, float]:
-    """(forward, backward) seconds of the vocab-parallel LM head + cross entropy (1 micro-batch)."""
-    tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    v = model.vocab_size / plan.tp
-    gemm = gemm_time(device, tokens, v, model.hidden_size)
-    # Cross entropy in fp32: upcast, max, exp-sum, gradient: ~5 passes over 4-byte logits.
-    ce = 5.0 * 4.0 * tokens * v / device.memory_Bps
-    accumulate = accumulation_time(model.lm_head_params / plan.tp, training, plan, device)
-    return gemm + ce, 2.0 * gemm + ce + accumulate
-
-
 def optimizer_step_time(params_on_rank: float, training: TrainingSpec, device: Device) -> float:
     """Memory-bound optimizer update of ``params_on_rank`` parameters (seconds).
 

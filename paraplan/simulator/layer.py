@@ -15,8 +15,8 @@ from paraplan.simulator.compute import (
     LayerTimes,
     gemm_time,
     layer_times,
-    lm_head_times,
 )
+from paraplan.simulator.loss import lm_head_times
 from paraplan.simulator.pipeline import inflight_microbatches
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan

@@ -243,8 +243,10 @@ def layer_activations(model: ModelSpec, training: TrainingSpec,
 def loss_bytes_per_logit(training: TrainingSpec) -> float:
     """Bytes the cross entropy of one micro-batch holds per logit: fused vocab-parallel kernels
     keep bf16 logits and an fp32 softmax (6 B, Megatron's VocabParallelCrossEntropy); an eager
-    loss also holds the fp32 upcast and the gradient (2 + 4 + 4 + 4 = 14 B)."""
-    return 14.0 if (training.loss_kernels or training.kernels) == "eager" else 6.0
+    loss also holds the fp32 upcast and the gradient (2 + 4 + 4 + 4 = 14 B); flash-attn's
+    one-kernel loss keeps the bf16 logits and writes a bf16 gradient (2 + 2 = 4 B)."""
+    kind = training.loss_kernels or training.kernels
+    return 14.0 if kind == "eager" else 4.0 if kind == "one_kernel" else 6.0
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,11 @@ class TrainerRuns(StrictModel):
     """Per-micro-batch copies of its sharded data parallelism (``TrainingSpec.fsdp_copies``)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
     """Its ring attention's merges (``TrainingSpec.cp_merge``)."""
+    loss_kernels: Literal["fused", "eager", "one_kernel"] | None = None
+    """Its cross-entropy kernels (``TrainingSpec.loss_kernels``); None: as ``kernels``."""
+    logit_metric_passes: int = Field(default=0, ge=0, le=16)
+    """Training metrics it evaluates on every micro-batch's logits
+    (``TrainingSpec.logit_metric_passes``)."""
     zero2_regather: bool = False
     """ZeRO-2 re-gathers parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
     moe_dispatcher: Literal["alltoall", "hierarchical"] = "alltoall"
@@ -301,6 +306,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
+             "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap,
              "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
              "kernels": run_kernels(runs, training.precision)}

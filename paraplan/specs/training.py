@@ -35,11 +35,16 @@ class TrainingSpec(StrictModel):
     kernels: Literal["fused", "eager"] = "fused"
     """Non-GEMM kernels: fused (Megatron fused kernels, torch.compile) or eager PyTorch ops,
     which move several times more bytes for RMSNorm, rotary and SwiGLU."""
-    loss_kernels: Literal["fused", "eager"] | None = None
+    loss_kernels: Literal["fused", "eager", "one_kernel"] | None = None
     """Kernels of the cross-entropy loss when they differ from ``kernels`` (None: the same).
     torchtitan before 2025-02-20 compiled each TransformerBlock but left the loss eager
     (``apply_compile`` in parallelize_llama.py; the loss was first compiled in d1f62be7,
-    "Adding loss_fn to TrainSpec", and made its own ``compile.components`` entry in #1608)."""
+    "Adding loss_fn to TrainSpec", and made its own ``compile.components`` entry in #1608).
+    ``one_kernel``: one fused kernel each way on the 16-bit logits (flash-attn's
+    ``xentropy_cuda_lib``, llm-foundry's default ``loss_fn: fused_crossentropy``)."""
+    logit_metric_passes: int = Field(default=0, ge=0, le=16)
+    """Extra no-grad cross entropies over the logits every micro-batch, for logged training
+    metrics (Composer evaluates each train metric on every micro-batch's outputs)."""
     fp8_weight_cache: bool = False
     """fp8 training casts the weights once per step and reuses them on every micro-batch
     (Transformer Engine's ``is_first_microbatch``, which Megatron passes), instead of casting
