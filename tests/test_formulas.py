@@ -198,6 +198,21 @@ def test_loss_passes_by_implementation_by_hand():
     assert b1 - b0 == pytest.approx((4.0 - 20.0) * logits_s, rel=1e-9)
 
 
+def test_b200_gemms_read_the_measured_tables_by_dtype():
+    """B200 GEMMs come from OpenXLA's sm_100_B200 table (hardware_profiles/gemm/README.md):
+    bf16 m=256, n=k=4096 at 651.394 TFLOPS; e4m3 from its own column (930.452), not the bf16
+    one scaled by the large-GEMM fp8 ratio."""
+    from paraplan.specs import load_gpu
+
+    b200 = load_gpu("b200")
+    bf16, fp8 = Device.of(b200, "bf16"), Device.of(b200, "fp8")
+    flops = 2 * 256 * 4096 * 4096
+    assert gemm_time(bf16, 256, 4096, 4096) == pytest.approx(flops / 651.394e12, rel=1e-6)
+    assert gemm_time(fp8, 256, 4096, 4096) == pytest.approx(
+        flops / 930.452e12 + 2.0 * (256 * 4096 + 4096 * 4096) / fp8.memory_Bps, rel=1e-6)
+    assert load_gpu("gb200").gemm_table_fp8.name == "sm_100_fp8"
+
+
 def test_unknown_gemm_table_is_a_spec_error():
     from paraplan.specs import SpecError
     from paraplan.specs.loaders import load_gemm_table

@@ -92,10 +92,14 @@ class Device:
                                 or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
         fp8 = precision == "fp8"
         cast = (5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES) if fp8 else 0.0
+        # fp8 GEMMs read a measured fp8 table where the profile has one; else the 16-bit
+        # table scaled by the large-GEMM fp8 / 16-bit efficiency ratio.
+        table, scale = gpu.gemm_table, eff / gpu.matmul_efficiency * clock
+        if fp8 and gpu.gemm_table_fp8 is not None:
+            table, scale = gpu.gemm_table_fp8, clock
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
-                   gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=gpu.gemm_table,
-                   table_scale=eff / gpu.matmul_efficiency * clock, fp8_cast_bytes=cast,
-                   fp8_weights_cached=weight_cache and fp8)
+                   gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
+                   table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8)
 
     @classmethod
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:

@@ -122,6 +122,10 @@ class GPUSpec(StrictModel):
     gemm_table: GemmTable | None = None
     """Measured GEMM throughput by shape for this architecture (YAML: a table name such as
     ``sm_90``); when present it replaces the roofline + wave-quantization estimate."""
+    gemm_table_fp8: GemmTable | None = None
+    """Measured fp8 (e4m3) GEMM throughput by shape (YAML: a table name such as
+    ``sm_100_fp8``); fp8 training uses it instead of scaling ``gemm_table``, since small
+    GEMMs gain little from fp8 (the tables show it)."""
     matmul_efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
     """Achievable fraction of the fp8 peak on large GEMMs; None = matmul_efficiency."""
     attention_efficiency_fwd: float | None = Field(default=None, gt=0, le=1)

@@ -170,9 +170,10 @@ def load_gemm_table(name: str) -> GemmTable:
 
 
 def _resolve_gpu(data: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(data.get("gemm_table"), str):
-        data = dict(data)
-        data["gemm_table"] = load_gemm_table(data["gemm_table"])
+    for key in ("gemm_table", "gemm_table_fp8"):
+        if isinstance(data.get(key), str):
+            data = dict(data)
+            data[key] = load_gemm_table(data[key])
     return data
 
 
