@@ -255,16 +255,37 @@ def test_derived_spaces_equal_spaces_built_for_the_setting():
         derive_space(derive_space(base, runs[1]), runs[2])  # an overlapped base
 
 
+def test_deepseek_recipes_carry_nvidias_layout():
+    """NVIDIA's DeepSeek-V3 recipes lay 61 layers out by Megatron-Bridge's table
+    (_get_deepseek_v3_pipeline_layout): four decoders per chunk, the last chunk one decoder
+    beside the MTP layer and the loss; the rows say so instead of guessing."""
+    from paraplan.validate.recipes import recipe_cases
+    from paraplan.validate.rows import LAYOUT_GUESSED
+
+    cases = [c for c in recipe_cases(("megatron_bridge_moe",))
+             if c.model.name.startswith("deepseek")]
+    assert {(c.plan.pp, c.plan.virtual_stages) for c in cases} == {(8, 2), (16, 1), (4, 4)}
+    for c in cases:
+        assert list(c.plan.layers_per_stage) == [4] * 15 + [1]
+        assert not any(LAYOUT_GUESSED in note for note in c.assumptions)
+
+
 def test_recipe_with_a_guessed_layout_is_priced_at_its_best_split():
-    """DeepSeek-V3's dgxc recipe (tp=2 pp=16 on 1,024 H100) ran NVIDIA's hand layout, which
-    paraplan does not know; the near-even guess puts the LM head and the MTP module on a
-    last stage as full as the others, so validate-recipes prices the recipe at the exact
-    layer-partition DP's split, as best re-splits its own plans."""
+    """A recipe laid out by hand where paraplan only has the near-even guess (here
+    DeepSeek-V3's dgxc recipe, tp=2 pp=16 on 1,024 H100, given that guess): the guess puts
+    the LM head and the MTP module on a last stage as full as the others, so validate-recipes
+    prices the recipe at the exact layer-partition DP's split, as best re-splits its own
+    plans."""
     from paraplan.simulator.step import simulate
     from paraplan.validate.recipes import _recipe_layout, recipe_cases
+    from paraplan.validate.rows import LAYOUT_GUESSED
 
     case = next(c for c in recipe_cases(("megatron_bridge_moe",))
                 if c.model.name.startswith("deepseek") and c.num_gpus == 1024)
+    guess = [4] * 13 + [3] * 3  # even_split(61, 16)
+    case = dataclasses.replace(
+        case, plan=case.plan.model_copy(update={"layers_per_stage": guess}),
+        assumptions=(f"layers per pipeline chunk {guess} ({LAYOUT_GUESSED})",))
     trainer = load_trainer("megatron-core")
     even = simulate(case.model, case.cluster, case.training,
                     case.plan.model_copy(update={"dp": None}), trainer=trainer,

@@ -59,6 +59,7 @@ from paraplan.validate.row_cells import (
 )
 from paraplan.validate.source_facts import (
     BLOOM_LAYERS_PER_STAGE,
+    DEEPSEEK_V3_RECIPE_CHUNKS,
     DEFAULT_VOCAB,
     KORTHIKANTI_GBS,
     KORTHIKANTI_VPP,
@@ -310,6 +311,11 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         mbs = 1
         s.guess("micro-batch not stated; 1 assumed")
     s.gbs = gbs
+    if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None
+            and model.name == "deepseek-v3" and (pp, vpp) in DEEPSEEK_V3_RECIPE_CHUNKS):
+        layers_per_stage = list(DEEPSEEK_V3_RECIPE_CHUNKS[(pp, vpp)])
+        s.notes.append(f"layers per pipeline chunk {layers_per_stage} (Megatron-Bridge's "
+                       "DeepSeek-V3 layout; the MTP layer and the loss on the last chunk)")
     if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None
             and model.num_layers % (pp * vpp)):
         # The recipes lay uneven stages out with --pipeline-model-parallel-layout (e.g.

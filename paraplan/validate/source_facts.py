@@ -54,6 +54,17 @@ PLAN_DOUBT = re.compile(
 # [embed | 5 blocks], 6 blocks x 10, [5 blocks | embed].
 BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
 
+# Decoder layers per pipeline chunk of NVIDIA's DeepSeek-V3 recipes, by (pp, vpp):
+# NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py
+# _get_deepseek_v3_pipeline_layout (set_deepseek_v3_pipeline_model_parallel_layout, which the
+# H100, B200 and GB200 perf recipes call): the embedding shares the first chunk, the MTP layer
+# and the loss the last; e.g. (8, 2): [embedding + 4 decoders] + 14 x [4] + [1 + mtp + loss].
+DEEPSEEK_V3_RECIPE_CHUNKS: dict[tuple[int, int], tuple[int, ...]] = {
+    (4, 1): (16, 16, 16, 13),
+    (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+    (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,),
+}
+
 OMNI_PATH_100G = {
     "name": "omnipath-100g", "kind": "infiniband", "bandwidth_Gbps": 100, "latency_us": 20,
     "efficiency": 0.9,
