@@ -61,6 +61,21 @@ def test_describe_cluster_json_with_nodes():
     assert {link["name"] for link in data["links"]} == {"nvlink4", "ib-ndr"}
 
 
+def test_describe_shows_a_power_limited_gpu_and_refuses_one_off_its_curve(tmp_path):
+    capped = tmp_path / "capped.yaml"
+    capped.write_text("name: capped\nnode: {gpu: h100-sxm, gpu_power_limit_W: 500, "
+                      "gpus_per_node: 8, intra_node_link: nvlink4, inter_node_link: ib-ndr}\n")
+    res = run("describe", "--cluster", str(capped), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    group = json.loads(res.stdout)["node_groups"][0]
+    assert group["power_limit_W"] == 500 and group["compute_at_power_limit"] == 0.8962
+    assert "@500W x0.896" in run("describe", "--cluster", str(capped)).stdout
+    capped.write_text(capped.read_text().replace("500", "250"))
+    res = run("describe", "--cluster", str(capped))
+    assert res.returncode == 2 and "gpu_power_limit_W=250" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
 def test_describe_tables():
     res = run("describe", "--model", "llama3-8b", "--cluster", "dtfm-worldwide")
     assert res.returncode == 0, res.stderr

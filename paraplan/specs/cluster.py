@@ -443,6 +443,8 @@ class ClusterSpec(StrictModel):
                     "num_gpus": g.num_gpus,
                     "memory_GiB_per_gpu": g.gpu.memory_GiB,
                     "peak_tflops_per_gpu": dict(g.gpu.peak_tflops),
+                    "power_limit_W": g.gpu.power_limit_W,
+                    "compute_at_power_limit": round(g.gpu.power_fraction, 4),
                     "intra_node_link": g.intra_node_link.name if g.intra_node_link else None,
                     "intra_node_bandwidth_GBps": (
                         g.intra_node_link.bandwidth_GBps if g.intra_node_link else None
