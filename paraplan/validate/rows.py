@@ -58,6 +58,7 @@ from paraplan.validate.row_cells import (
     preset_model,
 )
 from paraplan.validate.source_facts import (
+    ACCOUNTED_SPLIT_MODELS,
     BLOOM_LAYERS_PER_STAGE,
     DEEPSEEK_V3_RECIPE_CHUNKS,
     DEFAULT_VOCAB,
@@ -67,6 +68,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TORCHTITAN_LOSS_COMPILED_FROM,
+    accounted_split,
     row_year_month,
 )
 
@@ -316,6 +318,12 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         layers_per_stage = list(DEEPSEEK_V3_RECIPE_CHUNKS[(pp, vpp)])
         s.notes.append(f"layers per pipeline chunk {layers_per_stage} (Megatron-Bridge's "
                        "DeepSeek-V3 layout; the MTP layer and the loss on the last chunk)")
+    if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None and pp > 1
+            and model.name in ACCOUNTED_SPLIT_MODELS):
+        layers_per_stage = accounted_split(model.num_layers, pp, vpp)
+        if layers_per_stage is not None:
+            s.notes.append(f"layers per pipeline chunk {layers_per_stage} (the recipe counts "
+                           "the embedding and the loss as a layer each)")
     if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None
             and model.num_layers % (pp * vpp)):
         # The recipes lay uneven stages out with --pipeline-model-parallel-layout (e.g.

@@ -59,6 +59,28 @@ BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
 # _get_deepseek_v3_pipeline_layout (set_deepseek_v3_pipeline_model_parallel_layout, which the
 # H100, B200 and GB200 perf recipes call): the embedding shares the first chunk, the MTP layer
 # and the loss the last; e.g. (8, 2): [embedding + 4 decoders] + 14 x [4] + [1 + mtp + loss].
+# NVIDIA's Qwen3-235B-A22B recipes count the embedding and the loss as one layer each when they
+# split the pipeline: Megatron-Bridge recipes/qwen/h100/qwen3_moe.py
+# qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config sets account_for_embedding_in_pipeline_split
+# and account_for_loss_in_pipeline_split, and every H100/B200/GB200 perf recipe of the model
+# starts from it (perf_recipes/qwen/*/qwen3_moe.py: qwen3_235b_a22b_pretrain_config()).
+ACCOUNTED_SPLIT_MODELS = ("qwen3-235b-a22b",)
+
+
+def accounted_split(num_layers: int, pp: int, vpp: int) -> list[int] | None:
+    """Decoder layers per pipeline chunk (model order) with the embedding and the loss each
+    counted as a layer: Megatron-Core transformer_block.py get_num_layers_to_build gives each
+    rank (layers + 2) / pp, each of its chunks 1 / vpp of that, one fewer in the first chunk
+    (the embedding) and in the last (the loss). None where Megatron would refuse the sizes."""
+    total = num_layers + 2
+    if pp < 1 or vpp < 1 or total % pp or (total // pp) % vpp:
+        return None
+    chunks = [total // pp // vpp] * (pp * vpp)
+    chunks[0] -= 1
+    chunks[-1] -= 1
+    return chunks if min(chunks) >= 0 else None
+
+
 DEEPSEEK_V3_RECIPE_CHUNKS: dict[tuple[int, int], tuple[int, ...]] = {
     (4, 1): (16, 16, 16, 13),
     (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
