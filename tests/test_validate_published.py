@@ -428,3 +428,22 @@ def test_measured_moe_memory_row_with_the_a2a_overlap():
     assert row["status"] == "ok" and row["measured"] == pytest.approx(62.166)
     assert abs(row["error_pct"]) < 10
     assert result["by_source"]["megatron_bridge_ep_overlap"]["n"] == 1
+
+
+def test_megatron_split_counting_embedding_and_loss_by_hand():
+    """Megatron-Core with account_for_embedding/loss_in_pipeline_split (NVIDIA's Qwen3-235B
+    recipes): (94 + 2) / 8 = 12 per rank, 3 per chunk at vpp=4, one fewer in the first chunk
+    (the embedding) and the last (the loss); sizes Megatron refuses give None."""
+    from paraplan.validate.published import load_published_throughput
+    from paraplan.validate.source_facts import accounted_split
+
+    assert accounted_split(94, 8, 4) == [2] + [3] * 30 + [2]
+    assert accounted_split(94, 8, 1) == [11] + [12] * 6 + [11]
+    assert accounted_split(94, 8, 3) == [3] + [4] * 22 + [3]
+    assert accounted_split(94, 5, 1) is None  # 96 % 5
+    assert accounted_split(94, 8, 5) is None  # 12 % 5
+    qwen = [c for c in load_published_throughput(None)
+            if c.model.name == "qwen3-235b-a22b" and c.plan.pp > 1]
+    assert qwen and all(sum(c.plan.layers_per_stage) == 94 for c in qwen)
+    assert all(c.plan.layers_per_stage == accounted_split(94, c.plan.pp, c.plan.virtual_stages)
+               for c in qwen)
