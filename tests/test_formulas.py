@@ -418,3 +418,29 @@ def test_simulate_charges_head_tp_collectives_to_the_last_stage():
     rep = simulate(model, cluster, training, plan)
     m = 8  # micro-batches: 8 sequences, dp = 1, mbs = 1
     assert rep.time_s["tp_comm"] == pytest.approx(m * (32 * layer.tp + head.tp), rel=1e-12)
+
+
+def test_layer_checkpointing_is_half_full_recompute():
+    """torchtitan's layer-level checkpointing (selective_ac_option "2", ``rc=layer``)
+    recomputes every other layer whole: per layer, the mean of no recompute and full
+    recompute in time, activation memory and hardware FLOPs."""
+    from paraplan.simulator.flops import hardware_flops_per_step
+    from paraplan.simulator.layer import compose_layer_cost, layer_parts
+    from paraplan.simulator.memory import layer_activation_bytes
+
+    cluster = load_cluster("dgx-h100", nodes=1)
+    model, training = load_model("llama3-8b"), TrainingSpec(global_batch_size=8, seq_len=8192)
+    plan = parse_plan("tp=2,sp=1,mbs=1")
+    dev = Device.of(cluster.gpu, "bf16")
+    parts = layer_parts(model, cluster.topology, training, plan, dev, moe=False)
+    cost = {rc: compose_layer_cost(parts, rc) for rc in ("none", "full", "layer")}
+    for field in ("fwd", "bwd", "tp"):
+        assert getattr(cost["layer"], field) == pytest.approx(
+            (getattr(cost["none"], field) + getattr(cost["full"], field)) / 2, rel=1e-12)
+    mem = {rc: layer_activation_bytes(model, training, plan, 1, moe=False, recompute=rc)
+           for rc in ("none", "full", "layer")}
+    assert mem["layer"] == pytest.approx((mem["none"] + mem["full"]) / 2, rel=1e-12)
+    hw = {rc: hardware_flops_per_step(model, 8, 8192, recompute=rc)
+          for rc in ("none", "full", "layer")}
+    assert hw["layer"] == pytest.approx((hw["none"] + hw["full"]) / 2, rel=1e-12)
+

@@ -34,6 +34,7 @@ CASES = [
     ("torchtitan", "llama2-7b", "dgx-a100-80gb", 3, 96, 4096,
      "tp=2,sp=1,pp=4,mbs=1,layers=7/9/9/7,zero=1"),
     ("torchtitan", "llama3-8b", "dgx-h100", 2, 64, 16384, "tp=2,cp=4,sp=1,zero=2,mbs=1"),
+    ("torchtitan", "llama3-8b", "dgx-h100", 1, 32, 8192, "zero=3,mbs=2,rc=layer"),
     ("deepspeed", "llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,pp=2,mbs=1,rc=full"),
     ("deepspeed", "llama3-8b", "dgx-h100", 2, 128, 4096, "zero=3,mbs=2"),
     ("nanotron", "llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,sp=1,pp=2,zero=1,mbs=1,rc=full"),
@@ -100,8 +101,8 @@ def test_a_users_own_megatron_launch_is_priced_as_written(tmp_path: Path):
 @pytest.mark.parametrize(("name", "text", "needle"), [
     ("a.toml", "[training]\nseq_len = 1\n[parallelism]\ntensor_parallel_degree = true\n",
      "must be an integer"),
-    ("a.toml", "[training]\n[parallelism]\n[activation_checkpoint]\nmode = \"selective\"\n",
-     "every n-th layer"),
+    ("a.toml", "[training]\n[parallelism]\n[activation_checkpoint]\nmode = \"selective\"\n"
+     "selective_ac_option = \"3\"\n", "n = 2 only"),
     ("a.json", json.dumps({"zero_optimization": {"stage": 7}}), "must be 0-3"),
     ("a.yaml", "parallelism: {dp: 1, tp: 1}\ntokens: {micro_batch_size: 1}\n", "has no 'pp'"),
     ("a.sh", "MEGATRON_ARGS=(--tensor-model-parallel-size 2 --use-megatron-fsdp "

@@ -87,7 +87,7 @@ def _check(ctx: ExportContext) -> None:
                      "the pipeline block splits layers uniformly with one chunk per stage")
     if p.pp > 1 and p.schedule != "1f1b":
         raise refuse("schedule", p.schedule, TRAINER, "DeepSpeed's pipeline engine runs 1F1B")
-    if p.recompute in ("selective", "op"):
+    if p.recompute in ("selective", "op", "layer"):
         raise refuse("recompute", p.recompute, TRAINER, "DeepSpeed checkpoints whole layers "
                      "(recompute=full) or none")
     if t.precision == "fp8":

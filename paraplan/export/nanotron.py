@@ -80,7 +80,7 @@ def _check(ctx: ExportContext) -> None:
         raise refuse("micro_batch_size", p.micro_batch_size, TRAINER,
                      f"1F1B needs batch_accumulation_per_replica >= pp - 1 = {p.pp - 1}; this "
                      f"plan has {ctx.num_microbatches}")
-    if p.recompute in ("selective", "op"):
+    if p.recompute in ("selective", "op", "layer"):
         raise refuse("recompute", p.recompute, TRAINER, "recompute_layer recomputes whole "
                      "layers (recompute=full) or nothing")
     if m.is_moe:

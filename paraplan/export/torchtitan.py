@@ -21,7 +21,8 @@ Mapping (torchtitan v0.2.2 semantics):
   the module names of torchtitan's Llama 3 / DeepSeek-V3 models (``tok_embeddings``,
   ``layers.<i>``, ``norm``, ``output``).
 - Recompute: full -> ``mode = "full"``; op -> ``mode = "selective"``,
-  ``selective_ac_option = "op"``; Megatron's selective (attention core) has no equivalent.
+  ``selective_ac_option = "op"``; layer -> ``mode = "selective"``, ``selective_ac_option =
+  "2"`` (every other layer); Megatron's selective (attention core) has no equivalent.
 - fp8: ``[model] converters = ["quantize.linear.float8"]`` (torchao tensorwise), ``[compile]``
   on, and ``[quantize.linear.float8]`` with fp8 FSDP all-gathers where FSDP shards.
 """
@@ -116,9 +117,10 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         par["pipeline_parallel_schedule"] = schedule
         par["pipeline_parallel_microbatch_size"] = mbs
         par["module_fqns_per_model_part"] = _model_parts(ctx)
-    ac: dict[str, Any] = {"mode": {"none": "none", "full": "full", "op": "selective"}[p.recompute]}
-    if p.recompute == "op":
-        ac["selective_ac_option"] = "op"
+    ac: dict[str, Any] = {"mode": {"none": "none", "full": "full", "op": "selective",
+                                   "layer": "selective"}[p.recompute]}
+    if p.recompute in ("op", "layer"):
+        ac["selective_ac_option"] = "op" if p.recompute == "op" else "2"
     tables: dict[str, dict[str, Any]] = {}
     flavor = flavor_of(m)
     if flavor is not None:

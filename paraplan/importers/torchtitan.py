@@ -70,11 +70,12 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
         schedule = "interleaved"
     mode = ac.get("mode", "selective")
     option = str(ac.get("selective_ac_option", "2"))
-    if mode == "selective" and option != "op":
-        raise ImportError_(f"selective_ac_option {option!r} (every n-th layer) is not modelled; "
-                           "use 'op', full or none", field="activation_checkpoint."
+    if mode == "selective" and option not in ("op", "2"):
+        raise ImportError_(f"selective_ac_option {option!r} (every n-th layer) is modelled for "
+                           "n = 2 only; use '2', 'op', full or none", field="activation_checkpoint."
                            "selective_ac_option", value=option)
-    rc = {"none": "none", "full": "full", "selective": "op"}.get(mode)
+    rc = {"none": "none", "full": "full",
+          "selective": "op" if option == "op" else "layer"}.get(mode)
     if rc is None:
         raise ImportError_(f"activation_checkpoint.mode {mode!r} is not modelled",
                            field="activation_checkpoint.mode", value=mode)

@@ -120,6 +120,8 @@ def hardware_flops_per_step(
     layers_fwd = model_forward_flops(model, global_batch, seq_len) - head
     if recompute == "full":
         return base + layers_fwd
+    if recompute == "layer":  # every other layer re-run whole
+        return base + 0.5 * layers_fwd
     if recompute == "op":  # half of every layer's matmuls run again
         gemm = model.num_dense_layers * layer_forward_flops(model, global_batch, seq_len,
                                                             moe=False).gemm

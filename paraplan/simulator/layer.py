@@ -271,7 +271,9 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     all-to-alls are not overlapped (an overlapped one always takes SMs), ``recompute`` names.
     Returns the ``LayerCost`` fields in order (fwd, bwd, wgrad, compute, tp, cp, ep,
     ep_lone_fwd, ep_lone_bwd). Masks are 0/1 factors, so one body serves both."""
-    full = 1 * (recompute == "full")
+    # Share of layers re-run whole: all under full, every other one under torchtitan's
+    # layer-level checkpointing (``layer``: selective_ac_option "2").
+    full = 1 * (recompute == "full") + 0.5 * (recompute == "layer")
     # What the backward re-runs; op-level SAC re-runs every other matmul and every
     # memory-bound op.
     extra = full * fwd_s + (recompute == "selective") * attn_s \
@@ -281,7 +283,7 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
     ep_f, ep_b = ep_s, ep_s + full * ep_s
     # Megatron-Core refuses the all-to-all overlap under full recomputation.
-    over = (slowdown > 0) * (1 - full)
+    over = (slowdown > 0) * (1 - (recompute == "full") - (recompute == "layer"))
     exposed = overlapped_a2a(fwd_s, bwd_s, gemm_s, expert_s, (ep_f + ep_b) / 4, extra,
                              over * slowdown)
     lone_f, lone_b = over * (ep_f - exposed / 2), over * (ep_b - exposed / 2)

@@ -81,6 +81,11 @@ def layer_activation_bytes(
     att = model.attention
     drop = 1.0 if training.dropout else 0.0
     recompute = recompute or plan.recompute
+    if recompute == "layer":
+        # Every other layer keeps only its input, the others everything: the mean of the two
+        # per layer (exact over an even count of layers).
+        return 0.5 * sum(layer_activation_bytes(model, training, plan, micro_batch, moe=moe,
+                                                recompute=kind) for kind in ("full", "none"))
     if recompute == "full":
         # Only the layer input is kept (2sbh), sharded by t under sequence parallelism.
         return 2.0 * s * b * h / (t if plan.sequence_parallel else 1)
@@ -221,7 +226,7 @@ class LayerActivations:
     working: float
 
 
-WORKING_SET_RECOMPUTES = ("full", "op")
+WORKING_SET_RECOMPUTES = ("full", "op", "layer")
 """Recompute kinds whose backward re-materializes a whole layer at a time: its activations
 without recompute (of an MoE layer where the model has them) are the working set
 ``LayerActivations.working``."""

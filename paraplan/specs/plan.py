@@ -15,7 +15,7 @@ from paraplan.specs.errors import SpecError, from_validation_error
 from paraplan.specs.safe_io import parse_json
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1"]
-Recompute = Literal["none", "selective", "op", "full"]
+Recompute = Literal["none", "selective", "op", "full", "layer"]
 
 
 class ParallelPlan(StrictModel):
@@ -50,7 +50,10 @@ class ParallelPlan(StrictModel):
     recompute: Recompute = "none"
     """Activation recomputation: none; selective (Megatron: the attention core); op
     (torchtitan's op-level selective checkpointing: keep attention outputs and every other
-    matmul output, recompute the rest); full (whole layer)."""
+    matmul output, recompute the rest); full (whole layer); layer (torchtitan's layer-level
+    selective checkpointing, ``selective_ac_option = "2"``: every other layer fully
+    recomputed, the others kept whole). The searchers do not pick ``layer``; simulate, import,
+    export and validation price it."""
     layers_per_stage: list[int] | None = None
     """Explicit transformer layers per pipeline stage (uneven split); None = even."""
     allow_cross_node_tp: bool = False

@@ -417,9 +417,17 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             else trainer.name)
         s.notes.append(f"{kernels} non-GEMM kernels ({how})")
         if s.framework == "torchtitan" and s.plan.recompute == "selective":
-            # torchtitan's selective mode defaults to selective_ac_option = "op".
-            s.plan = s.plan.model_copy(update={"recompute": "op"})
-            s.notes.append("torchtitan selective = op-level SAC (selective_ac_option='op')")
+            if "selective layer" in cell(row, "secondary_metrics"):
+                # docs/performance.md's "selective layer" rows: selective_ac_option "2", the
+                # default of torchtitan's config_manager.py at 6a6f755d2 ("2 = checkpoint
+                # every other layer").
+                s.plan = s.plan.model_copy(update={"recompute": "layer"})
+                s.notes.append("torchtitan selective layer = every other layer recomputed "
+                               "(selective_ac_option='2')")
+            else:
+                # The llama3 train configs set selective_ac_option = "op".
+                s.plan = s.plan.model_copy(update={"recompute": "op"})
+                s.notes.append("torchtitan selective = op-level SAC (selective_ac_option='op')")
         if s.plan.tp > 1 and "asynctp" in notes:
             s.plan = s.plan.model_copy(update={"tp_comm_overlap": True})
         s.plan = s.plan.model_copy(update={"overlap_grad_reduce": s.overlap})
