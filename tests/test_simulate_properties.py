@@ -20,7 +20,7 @@ plans = st.builds(
     sequence_parallel=st.booleans(), zero_stage=st.sampled_from([0, 1, 2, 3]),
     micro_batch_size=st.sampled_from([1, 2]),
     schedule=st.sampled_from(["gpipe", "1f1b", "zb-h1"]),
-    recompute=st.sampled_from(["none", "selective", "op", "full"]),
+    recompute=st.sampled_from(["none", "selective", "op", "full", "layer"]),
 )
 
 
