@@ -224,3 +224,24 @@ def test_best_auto_uses_the_ilp_on_mixed_gpu_types(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "ilp search" in res.stdout and "baseline" in res.stdout
     assert "optimality gap" in res.stdout
+
+
+def test_fixing_an_unsearched_recompute_kind_is_a_clear_error():
+    for searcher in ("exhaustive", "ilp"):
+        res = run("best", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1",
+                  "--global-batch", "16", "--seq-len", "4096", "--fix", "rc=layer",
+                  "--searcher", searcher)
+        assert res.returncode == 2, res.stderr
+        assert "recompute 'layer' is not searched" in res.stderr
+        assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_bad_fp8_gemm_table_names_its_own_field(tmp_path):
+    from paraplan.specs import SpecError, load_gpu
+
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text("name: g\nmemory_GiB: 80\nmemory_bandwidth_GBps: 3000\n"
+                   "peak_tflops: {bf16: 900, fp8: 1800}\ngemm_table_fp8: nope\n")
+    with pytest.raises(SpecError, match="unknown gemm_table_fp8 'nope'") as err:
+        load_gpu(str(gpu))
+    assert err.value.field == "gpu.gemm_table_fp8"

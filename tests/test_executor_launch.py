@@ -76,10 +76,12 @@ def test_raising_rank_is_reported_quickly(tmp_path):
 
 
 def test_hung_ranks_time_out_and_are_killed(tmp_path):
+    # Rank 2 must start (torch import, process group) and return inside the timeout even on
+    # a loaded 2-core machine, where 5 s was not always enough for it.
     start = time.monotonic()
     with pytest.raises(ExecutorError) as info:
-        launch(workers.hang_worker, 3, {"pid_dir": str(tmp_path)}, timeout_s=5)
-    assert time.monotonic() - start < 10
+        launch(workers.hang_worker, 3, {"pid_dir": str(tmp_path)}, timeout_s=20)
+    assert time.monotonic() - start < 60  # the timeout plus reaping, not a hang
     err = info.value
     assert err.kind == "timeout" and err.rank == [0, 1]
     assert "[0, 1]" in str(err) and "timeout" in str(err)

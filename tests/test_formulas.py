@@ -161,13 +161,23 @@ def test_power_limit_off_the_curve_is_refused(tmp_path):
     a100 = load_gpu("a100-sxm-80gb")  # no power curve: only limits at or above its TDP
     with pytest.raises(ValueError, match="no power_curve"):
         a100.model_validate({**a100.model_dump(), "power_limit_W": 300, "tdp_W": 400})
+    with pytest.raises(ValueError, match="no tdp_W and no power_curve"):
+        a100.model_validate({**a100.model_dump(), "power_limit_W": 300, "tdp_W": None})
     path = tmp_path / "c.yaml"
     path.write_text("name: c\nnode: {gpu: h100-sxm, gpus_per_node: 8, intra_node_link: nvlink4,"
                     " inter_node_link: ib-ndr, gpu_power_limit_W: 250}\n")
     with pytest.raises(SpecError) as err:
         load_cluster(str(path))
     assert err.value.field == "cluster.node.gpu_power_limit_W"
-    assert "400 to 700 W" in str(err.value.allowed)
+    assert "400 W or more" in str(err.value.allowed)
+    # A capped group is its own GPU type: a stage on it is priced capped whatever the order.
+    mixed = tmp_path / "mixed.yaml"
+    group = "{gpu: h100-sxm, gpus_per_node: 8, intra_node_link: nvlink4, inter_node_link: ib-ndr"
+    mixed.write_text(f"name: m\nnode_groups:\n  - {group}}}\n  - {group}, "
+                     "gpu_power_limit_W: 400}\n")
+    cluster = load_cluster(str(mixed))
+    assert [g.gpu.name for g in cluster.node_groups] == ["h100-sxm", "h100-sxm@400W"]
+    assert cluster.node_groups[1].gpu.power_fraction == pytest.approx(0.8443)
 
 
 def test_loss_passes_by_implementation_by_hand():
@@ -188,6 +198,9 @@ def test_loss_passes_by_implementation_by_hand():
     generic = TrainingSpec(global_batch_size=256, seq_len=512)
     assert loss_bytes_per_logit_moved(generic) == (20.0, 20.0)
     assert loss_bytes_per_logit_moved(generic.model_copy(update={"loss_kernels": "eager"})) \
+        == (22.0, 22.0)
+    # No loss_kernels: the loss runs the kernels the rest of the model does (eager: 22 B).
+    assert loss_bytes_per_logit_moved(generic.model_copy(update={"kernels": "eager"})) \
         == (22.0, 22.0)
     model, plan = load_model("mpt-7b"), parse_plan("tp=1,mbs=128")
     dev = Device.of(load_cluster("dgx-a100-80gb", nodes=1).gpu, "bf16")

@@ -183,7 +183,9 @@ def _print_cluster(out: Console, info: dict[str, Any]) -> None:
             if g["intra_node_link"] else "-"
         gpu = g["gpu"]
         if g.get("power_limit_W") is not None:  # compute scaled by the GPU's power curve
-            gpu += f" @{g['power_limit_W']:g}W x{g['compute_at_power_limit']:.3g}"
+            if f"@{g['power_limit_W']:g}W" not in gpu:
+                gpu += f" @{g['power_limit_W']:g}W"
+            gpu += f" x{g['compute_at_power_limit']:.3g}"
         table.add_row(str(g["name"] or "-"), g["region"], gpu, str(g["gpus_per_node"]),
                       str(g["num_nodes"]), intra, g["inter_node_link"], str(g["nics_per_node"]),
                       f"{g['nic_bandwidth_per_gpu_GBps']:g}")

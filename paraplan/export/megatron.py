@@ -201,7 +201,8 @@ def _recompute(ctx: ExportContext) -> list[str]:
         return ["--recompute-granularity full", "--recompute-method uniform",
                 "--recompute-num-layers 1"]
     raise refuse("recompute", rc, TRAINER, "Megatron recomputes selective (attention core) "
-                 "or full layers; torchtitan's op-level checkpointing has no Megatron flag")
+                 "or full layers; torchtitan's op-level and every-other-layer checkpointing "
+                 "have no Megatron flag")
 
 
 def _data_parallel(ctx: ExportContext) -> list[str]:

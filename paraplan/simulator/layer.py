@@ -254,7 +254,7 @@ def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
 
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
-    """Pass times of one layer under ``recompute`` (none, selective, op, full), seconds."""
+    """Pass times of one layer under ``recompute`` (none, selective, op, full, layer), seconds."""
     lt = parts.times
     cols = compose_columns(lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
                            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s,

@@ -9,8 +9,8 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
 # Bytes moved per logit by the cross entropy, (forward, backward), by implementation:
-# - generic (``loss_kernels`` None or "fused": Megatron's vocab-parallel cross entropy on the
-#   upcast logits): about five passes over 4-byte logits each way.
+# - "fused" (``loss_kernels`` None takes ``kernels``; Megatron's vocab-parallel cross entropy
+#   on the upcast logits): about five passes over 4-byte logits each way.
 # - "eager": PyTorch ``F.cross_entropy`` on 16-bit logits under autocast, whose log_softmax
 #   runs in fp32. Forward: the upcast (read 2, write 4), log_softmax's max, sum and write
 #   passes (read 4 x 3, write 4), the target gather (negligible): 22 B. Backward: nll_loss's
@@ -31,7 +31,7 @@ def loss_bytes_per_logit_moved(training: TrainingSpec) -> tuple[float, float]:
     """(forward, backward) bytes of memory traffic per logit of the loss and the training
     metrics evaluated on the logits every micro-batch (``TrainingSpec.logit_metric_passes``),
     at 16-bit logits."""
-    fwd, bwd = CE_BYTES_PER_LOGIT[training.loss_kernels]
+    fwd, bwd = CE_BYTES_PER_LOGIT[training.loss_kernels or training.kernels]
     return fwd + training.logit_metric_passes * METRIC_BYTES_PER_LOGIT, bwd
 
 

@@ -219,7 +219,8 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
 @dataclass(frozen=True)
 class LayerActivations:
     """Per-layer activation bytes of one micro-batch: dense layer, MoE layer, and the full
-    activations one layer re-materialises while it is recomputed (0 without full recompute)."""
+    activations one layer re-materialises while it is recomputed (0 unless the recompute kind
+    is one of ``WORKING_SET_RECOMPUTES``: full, op and layer)."""
 
     dense: float
     moe: float

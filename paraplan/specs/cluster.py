@@ -176,11 +176,15 @@ class GPUSpec(StrictModel):
         if limit is None:
             return self
         top = curve[-1][0] if curve else self.tdp_W
-        if top is not None and limit < top and not (curve and limit >= curve[0][0]):
-            lowest = f"{curve[0][0]:g} W" if curve else "no power_curve"
+        if top is None:
+            raise ValueError(f"power_limit_W={limit:g} cannot be priced: the profile has no "
+                             "tdp_W and no power_curve")
+        if limit < top and not (curve and limit >= curve[0][0]):
+            allowed = (f"{curve[0][0]:g} W or more" if curve
+                       else f"{top:g} W or more (no power_curve)")
             raise ValueError(f"power_limit_W={limit:g} is below what this profile can price "
-                             f"(lowest point: {lowest}); allowed: {curve[0][0] if curve else top:g}"
-                             f" to {top:g} W")
+                             f"(lowest point: {f'{curve[0][0]:g} W' if curve else 'no power_curve'}"
+                             f"); allowed: {allowed}")
         return self
 
     @property

@@ -117,21 +117,22 @@ def _load_named(kind: str, ref: Any, cls: type[BaseModel], where: str,
     raise _unknown(kind, ref)
 
 
-def load_gemm_table(name: str) -> GemmTable:
+def load_gemm_table(name: str, key: str = "gemm_table") -> GemmTable:
     """A measured-GEMM table: a bundled name (``hardware_profiles/gemm/<name>.yaml``) or the
     path of your own table YAML (``name``, ``reference_peak_tflops``, ``csv``, ``dtype``; the
-    CSV has columns b,m,n,k,dtype,tflops and is read relative to the YAML)."""
+    CSV has columns b,m,n,k,dtype,tflops and is read relative to the YAML). ``key``: the GPU
+    field that names it (``gemm_table`` or ``gemm_table_fp8``), for errors."""
     folder = profiles_dir() / "gemm"
     known = sorted(p.stem for p in folder.glob("*.yaml"))
     if not isinstance(name, str) or not name:
-        raise SpecError(f"gemm_table={name!r} must be a table name or a YAML path",
-                        field="gpu.gemm_table", value=name, allowed=known)
+        raise SpecError(f"{key}={name!r} must be a table name or a YAML path",
+                        field=f"gpu.{key}", value=name, allowed=known)
     meta_path = folder / f"{name}.yaml"
     if "/" in name or "\\" in name or not meta_path.is_file():
         own = _as_path(name)
         if own is None or not own.is_file():
-            raise SpecError(f"unknown gemm_table {name!r}; known: {', '.join(known)} (or the "
-                            "path of a table YAML)", field="gpu.gemm_table", value=name,
+            raise SpecError(f"unknown {key} {name!r}; known: {', '.join(known)} (or the "
+                            "path of a table YAML)", field=f"gpu.{key}", value=name,
                             allowed=known)
         meta_path, folder = own, own.parent
     meta = read_yaml(meta_path, "gemm_table")
@@ -173,7 +174,7 @@ def _resolve_gpu(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("gemm_table", "gemm_table_fp8"):
         if isinstance(data.get(key), str):
             data = dict(data)
-            data[key] = load_gemm_table(data[key])
+            data[key] = load_gemm_table(data[key], key)
     return data
 
 
@@ -191,12 +192,15 @@ def _power_limited(gpu: Any, limit: Any, at: str) -> GPUSpec:
     if isinstance(limit, bool) or not isinstance(limit, int | float):
         raise SpecError(f"{where}={limit!r} must be a number of watts", field=where, value=limit)
     try:
-        return GPUSpec.model_validate({**gpu.model_dump(), "power_limit_W": float(limit)})
+        # Its own name: node groups and stages look GPU types up by name, so a capped group
+        # must not share one with an uncapped group of the same part.
+        return GPUSpec.model_validate({**gpu.model_dump(), "power_limit_W": float(limit),
+                                       "name": f"{gpu.name}@{float(limit):g}W"})
     except ValidationError as exc:
         reason = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ")
                            for e in exc.errors())
         curve = gpu.power_curve
-        allowed = (f"{curve[0][0]:g} to {curve[-1][0]:g} W" if curve
+        allowed = (f"{curve[0][0]:g} W or more" if curve
                    else f"{gpu.tdp_W:g} W or more (this GPU has no power_curve)" if gpu.tdp_W
                    else "a positive number of watts")
         raise SpecError(f"{where}={limit!r} cannot be priced for {gpu.name}: {reason}",

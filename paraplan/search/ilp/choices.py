@@ -42,8 +42,10 @@ def normalise_fix(fix: dict[str, Any] | None) -> dict[str, Any]:
                         "(stages are laid out node by node)", field="fix.allow_cross_node_tp",
                         value=True, allowed=[False])
     if raw.get("recompute") is not None and raw["recompute"] not in RECOMPUTES:
-        raise SpecError(f"unknown recompute {raw['recompute']!r}", field="fix.recompute",
-                        value=raw["recompute"], allowed=list(RECOMPUTES))
+        raise SpecError(f"recompute {raw['recompute']!r} is not searched (the searchers pick "
+                        "none, selective, op or full; layer is priced by simulate, import "
+                        "and export)", field="fix.recompute", value=raw["recompute"],
+                        allowed=list(RECOMPUTES))
     return raw
 
 
