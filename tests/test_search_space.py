@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +42,12 @@ CASES = (
     # micro-batch (moe.a2a_overlap_warmup)
     ("mixtral-8x7b", "dgx-h100", 4, 256, 4096, {"moe_dispatcher": "hierarchical",
                                                  "moe_a2a_overlap": True}),
+    # B200's measured fp8 GEMM table, and llm-foundry's loss (one kernel, two metric passes)
+    ("llama3-8b", "dgx-b200", 1, 64, 4096, {"precision": "fp8", "loss_kernels": "one_kernel",
+                                           "logit_metric_passes": 2}),
+    # A power-capped GPU with eager kernels (the loss follows them)
+    ("llama3-8b", str(Path(__file__).parent / "data" / "capped-h100.yaml"), 2, 64, 4096,
+     {"kernels": "eager"}),
 )
 
 
