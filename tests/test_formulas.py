@@ -457,3 +457,31 @@ def test_layer_checkpointing_is_half_full_recompute():
           for rc in ("none", "full", "layer")}
     assert hw["layer"] == pytest.approx((hw["none"] + hw["full"]) / 2, rel=1e-12)
 
+
+
+def test_current_fp8_scaling_rereads_the_input():
+    """Per-tensor current scaling needs the tensor's amax before its cast, so the cast re-reads
+    the 16-bit input: 2 B per element on top of the fused cast's 2 B written (row- and
+    column-wise fp8); delayed and block scaling keep the cast in the producer. torchtitan's
+    float8 is dynamic (current), Megatron-Core's default recipe delayed; NVIDIA's rows name
+    theirs."""
+    from paraplan.specs import load_gpu
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_training
+    from paraplan.validate.published import load_published_throughput
+
+    h100 = load_gpu("h100-sxm")
+    delayed = Device.of(h100, "fp8")
+    current = Device.of(h100, "fp8", scaling="current")
+    block = Device.of(h100, "fp8", scaling="block")
+    assert (delayed.fp8_cast_bytes, current.fp8_cast_bytes, block.fp8_cast_bytes) == (2, 4, 2)
+    assert Device.of(h100, "bf16", scaling="current").fp8_cast_bytes == 0
+    m, n, k = 8192, 4096, 4096
+    assert gemm_time(current, m, n, k) - gemm_time(delayed, m, n, k) == pytest.approx(
+        2.0 * (m * k + k * n) / delayed.memory_Bps, rel=1e-9)
+    fp8 = TrainingSpec(global_batch_size=8, seq_len=4096, precision="fp8")
+    assert trainer_training(load_trainer("torchtitan"), fp8).fp8_scaling == "current"
+    assert trainer_training(load_trainer("megatron-core"), fp8).fp8_scaling == "delayed"
+    rows = {c.index: c for c in load_published_throughput(None)}
+    assert rows[323].training.fp8_scaling == "current"  # H100, "FP8 current scaling"
+    assert rows[327].training.fp8_scaling == "block"  # B200, "MXFP8"

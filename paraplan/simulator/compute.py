@@ -43,6 +43,11 @@ NCCL_SMS = 16
 # (TE transformer_engine/common/transpose/cast_transpose.cu; TE Float8Tensor rowwise and
 # columnwise data). The 16-bit read belongs to the producing op (fused into it).
 FP8_FUSED_CAST_BYTES = 2.0
+# Current (per-tensor, just-in-time) scaling needs the whole tensor's amax before its cast, so
+# the cast cannot live in the producing kernel: it re-reads the 16-bit tensor (2 B) after
+# the reduction (TE Float8CurrentScalingQuantizer: amax "computed directly by scanning the
+# input high-precision tensor"; torchtitan float8.md: "the overhead of dynamic quantization").
+FP8_CURRENT_SCALING_REREAD_BYTES = 2.0
 KERNELS_PER_LAYER_FWD = 12  # norms, QKV, rope, attention, proj, adds, MLP matmuls, activation
 
 
@@ -73,7 +78,7 @@ class Device:
 
     @classmethod
     def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
-           weight_cache: bool = False) -> Device:
+           weight_cache: bool = False, scaling: str = "delayed") -> Device:
         peak = gpu.peak_flops(precision) if precision in gpu.peak_tflops else \
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
@@ -91,7 +96,8 @@ class Device:
         bwd = peak16 * clock * (gpu.attention_efficiency_bwd
                                 or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
         fp8 = precision == "fp8"
-        cast = (5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES) if fp8 else 0.0
+        cast = (5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES
+                + FP8_CURRENT_SCALING_REREAD_BYTES * (scaling == "current")) if fp8 else 0.0
         # fp8 GEMMs read a measured fp8 table where the profile has one; else the 16-bit
         # table scaled by the large-GEMM fp8 / 16-bit efficiency ratio.
         table, scale = gpu.gemm_table, eff / gpu.matmul_efficiency * clock
@@ -105,7 +111,7 @@ class Device:
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:
         """``Device.of`` with the precision, kernels and fp8 weight caching ``training`` runs."""
         return cls.of(gpu, training.precision, training.kernels,
-                      weight_cache=training.fp8_weight_cache)
+                      weight_cache=training.fp8_weight_cache, scaling=training.fp8_scaling)
 
     @property
     def nccl_slowdown(self) -> float:

@@ -114,6 +114,8 @@ class TrainerRuns(StrictModel):
     """FlashAttention-1-class or -2-class attention kernels."""
     fp8_weight_cache: bool = False
     """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
+    fp8_scaling: Literal["delayed", "current", "block"] = "delayed"
+    """How its fp8 recipe scales tensors (``TrainingSpec.fp8_scaling``)."""
     compile: bool = False
     """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
     fp8_compiles: bool = False
@@ -302,7 +304,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout,
-             "fp8_weight_cache": runs.fp8_weight_cache,
+             "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,

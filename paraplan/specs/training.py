@@ -45,6 +45,14 @@ class TrainingSpec(StrictModel):
     logit_metric_passes: int = Field(default=0, ge=0, le=16)
     """Extra no-grad cross entropies over the logits every micro-batch, for logged training
     metrics (Composer evaluates each train metric on every micro-batch's outputs)."""
+    fp8_scaling: Literal["delayed", "current", "block"] = "delayed"
+    """How fp8 training scales each tensor it casts: ``delayed`` (a scale from earlier steps'
+    amax: Transformer Engine's DelayedScaling, Megatron-Core's default ``fp8_recipe``), so the
+    cast can run inside the kernel that produces the tensor; ``current`` (the tensor's own
+    amax: TE's per-tensor current scaling, Megatron's ``fp8_recipe='tensorwise'``, torchao's
+    dynamic scaling that torchtitan runs), whose cast must wait for a reduction over the whole
+    tensor and so re-reads it; ``block`` (MXFP8 and blockwise: each block's scale computed
+    inside the cast). Ignored unless precision is fp8."""
     fp8_weight_cache: bool = False
     """fp8 training casts the weights once per step and reuses them on every micro-batch
     (Transformer Engine's ``is_first_microbatch``, which Megatron passes), instead of casting

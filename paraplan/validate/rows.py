@@ -403,6 +403,12 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                                "before 2025-02")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
+        # NVIDIA's fp8 recipes name their scaling (perf summary: "FP8 current scaling",
+        # "MXFP8"); the rest keep their trainer's recipe.
+        if "current scaling" in notes:
+            explicit["fp8_scaling"] = "current"
+        elif "mxfp8" in notes:
+            explicit["fp8_scaling"] = "block"
         # paraplan's own MoE rows name the recipe's dispatcher, all-to-all overlap and
         # routing balance (NVIDIA's benchmarks force it: --moe-router-force-load-balancing).
         if cell(row, "moe_dispatcher"):
