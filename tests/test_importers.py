@@ -73,6 +73,22 @@ def test_export_then_import_gives_the_same_plan_and_step_time(case, tmp_path: Pa
     assert after.step_time_s == before.step_time_s and after.memory_gb == before.memory_gb
 
 
+@pytest.mark.parametrize(("scaling", "flag"), [("delayed", None),
+                                               ("current", "--fp8-recipe tensorwise"),
+                                               ("block", "--fp8-recipe blockwise")])
+def test_megatron_fp8_recipe_round_trips(scaling, flag, tmp_path: Path):
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=1)
+    training, plan = apply_trainer(load_trainer("megatron-core"), TrainingSpec(
+        global_batch_size=16, seq_len=4096, precision="fp8", fp8_scaling=scaling),
+        parse_plan("tp=2,sp=1,mbs=1"))
+    text = export_text("megatron", export_context(model, training, plan, cluster=cluster))
+    assert ("--fp8-recipe" not in text) if flag is None else (flag in text)
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    imported = read_trainer_config(path, text)
+    assert imported is not None and imported.training["fp8_scaling"] == scaling
+
+
 def test_a_users_own_megatron_launch_is_priced_as_written(tmp_path: Path):
     # No overlap flags and Megatron's default dropout: slower than the same plan as exported.
     script = tmp_path / "train.sh"
@@ -104,6 +120,8 @@ def test_a_users_own_megatron_launch_is_priced_as_written(tmp_path: Path):
     ("a.toml", "[training]\n[parallelism]\n[activation_checkpoint]\nmode = \"selective\"\n"
      "selective_ac_option = \"3\"\n", "n = 2 only"),
     ("a.json", json.dumps({"zero_optimization": {"stage": 7}}), "must be 0-3"),
+    ("a.sh", "MEGATRON_ARGS=(--fp8-format hybrid --fp8-recipe custom)",
+     "--fp8-recipe 'custom' is not one paraplan models"),
     ("a.yaml", "parallelism: {dp: 1, tp: 1}\ntokens: {micro_batch_size: 1}\n", "has no 'pp'"),
     ("a.sh", "MEGATRON_ARGS=(--tensor-model-parallel-size 2 --use-megatron-fsdp "
      "--data-parallel-sharding-strategy sideways)", "is unknown"),

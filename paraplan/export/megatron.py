@@ -237,7 +237,12 @@ def _precision(ctx: ExportContext) -> list[str]:
     if precision == "fp16":
         return [*out, "--fp16"]
     if precision == "fp8":
-        return [*out, "--bf16", "--fp8-format hybrid"]
+        # core_v0.15.3 arguments.py --fp8-recipe {tensorwise, delayed (default), mxfp8,
+        # blockwise}: current scaling is 'tensorwise'; block scaling is written as
+        # 'blockwise' (Hopper and Blackwell; 'mxfp8' is Blackwell's MX format, priced alike).
+        recipe = {"delayed": [], "current": ["--fp8-recipe tensorwise"],
+                  "block": ["--fp8-recipe blockwise"]}[ctx.training.fp8_scaling]
+        return [*out, "--bf16", "--fp8-format hybrid", *recipe]
     return out  # fp32: Megatron's default
 
 

@@ -144,6 +144,14 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
         training["seq_len"] = size("--seq-length")
     training["precision"] = ("fp8" if "--fp8-format" in f else "bf16" if "--bf16" in f
                              else "fp16" if "--fp16" in f else "fp32")
+    recipe = _one(f, "--fp8-recipe", "delayed")
+    scaling = {"delayed": "delayed", "tensorwise": "current", "mxfp8": "block",
+               "blockwise": "block"}.get(recipe)
+    if scaling is None:
+        raise ImportError_(f"--fp8-recipe {recipe!r} is not one paraplan models",
+                           field="--fp8-recipe", value=recipe,
+                           allowed=["delayed", "tensorwise", "mxfp8", "blockwise"])
+    training["fp8_scaling"] = scaling
     hidden = float(_one(f, "--hidden-dropout", 0.1))
     attention = float(_one(f, "--attention-dropout", 0.1))
     training["dropout"] = hidden > 0 or attention > 0
