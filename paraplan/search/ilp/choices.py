@@ -8,6 +8,7 @@ from typing import Any
 
 from paraplan.search.ilp.context import Choice, Ctx, activations, layer_costs
 from paraplan.search.space import CONSTANT_FIELDS, RECOMPUTES, parse_fix
+from paraplan.search.space.fix import check_searched_recompute
 from paraplan.specs.checks import divisors
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
@@ -41,11 +42,7 @@ def normalise_fix(fix: dict[str, Any] | None) -> dict[str, Any]:
         raise SpecError("fix allow_cross_node_tp=true is not supported by the ILP search "
                         "(stages are laid out node by node)", field="fix.allow_cross_node_tp",
                         value=True, allowed=[False])
-    if raw.get("recompute") is not None and raw["recompute"] not in RECOMPUTES:
-        raise SpecError(f"recompute {raw['recompute']!r} is not searched (the searchers pick "
-                        "none, selective, op or full; layer is priced by simulate, import "
-                        "and export)", field="fix.recompute", value=raw["recompute"],
-                        allowed=list(RECOMPUTES))
+    check_searched_recompute(raw.get("recompute"))
     return raw
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.search.space.fix import CONSTANT_FIELDS, RECOMPUTES
+from paraplan.search.space.fix import CONSTANT_FIELDS, RECOMPUTES, check_searched_recompute
 from paraplan.search.space.trainer_filter import check_trainer_inputs, trainer_mask
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.simulator.step import even_split
@@ -159,11 +159,7 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     mbss = np.array(_allowed(fix, "micro_batch_size",
                              [b for b in divisors(B) if b <= opt.max_micro_batch]), dtype=np.int64)
     zeros = np.array(_allowed(fix, "zero_stage", [0, 1, 2, 3]), dtype=np.int64)
-    if "recompute" in fix and fix["recompute"] not in RECOMPUTES:
-        raise SpecError(f"recompute {fix['recompute']!r} is not searched (the searchers pick "
-                        "none, selective, op or full; layer is priced by simulate, import "
-                        "and export)", field="fix.recompute", value=fix["recompute"],
-                        allowed=list(RECOMPUTES))
+    check_searched_recompute(fix.get("recompute"))
     rcs = np.array([RECOMPUTES.index(r) for r in
                     _allowed(fix, "recompute", list(RECOMPUTES))], dtype=np.int64)
     heads, kv, ffn = model.num_attention_heads, model.kv_heads, model.ffn_hidden_size

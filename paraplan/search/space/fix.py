@@ -21,6 +21,14 @@ CONSTANT_FIELDS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_p2p_comm",
 COMPRESSION_FIELDS = tuple(f for f in CONSTANT_FIELDS
                            if f not in ("tp_comm_overlap", "overlap_grad_reduce",
                                         "overlap_p2p_comm", "allow_cross_node_tp"))
+def check_searched_recompute(value: Any) -> None:
+    """Refuse a pinned recompute kind the searchers do not enumerate (``RECOMPUTES``)."""
+    if value is not None and value not in RECOMPUTES:
+        raise SpecError(f"recompute {value!r} is not searched (the searchers pick none, "
+                        "selective, op or full; layer is priced by simulate, import and "
+                        "export)", field="fix.recompute", value=value, allowed=list(RECOMPUTES))
+
+
 SEARCHED_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "sequence_parallel", "zero_stage",
                    "micro_batch_size", "schedule", "virtual_stages", "recompute")
 
