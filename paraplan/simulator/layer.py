@@ -282,8 +282,8 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     tp_f, tp_b = 2 * tp_s, 2 * tp_s + full * 2 * tp_s
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
     ep_f, ep_b = ep_s, ep_s + full * ep_s
-    # Megatron-Core refuses the all-to-all overlap under full recomputation.
-    over = (slowdown > 0) * (1 - (recompute == "full") - (recompute == "layer"))
+    # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
+    over = (slowdown > 0) * (full == 0)
     exposed = overlapped_a2a(fwd_s, bwd_s, gemm_s, expert_s, (ep_f + ep_b) / 4, extra,
                              over * slowdown)
     lone_f, lone_b = over * (ep_f - exposed / 2), over * (ep_b - exposed / 2)
