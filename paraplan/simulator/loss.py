@@ -19,8 +19,7 @@ from paraplan.specs.training import TrainingSpec
 # - "one_kernel": one fused kernel each way on the 16-bit logits (flash-attn's
 #   ``xentropy_cuda_lib`` CrossEntropyLoss, llm-foundry's default ``fused_crossentropy``):
 #   the forward reads the logits (2), the backward reads them and writes the gradient (4).
-CE_BYTES_PER_LOGIT = {None: (20.0, 20.0), "fused": (20.0, 20.0), "eager": (22.0, 22.0),
-                      "one_kernel": (2.0, 4.0)}
+CE_BYTES_PER_LOGIT = {"fused": (20.0, 20.0), "eager": (22.0, 22.0), "one_kernel": (2.0, 4.0)}
 # A no-grad evaluation of the loss for a logged training metric (Composer's
 # ``LanguageCrossEntropy`` / ``LanguagePerplexity``: ``torch.nn.CrossEntropyLoss`` under
 # autocast): the eager forward, 22 B per logit each.
