@@ -172,20 +172,31 @@ class GPUSpec(StrictModel):
                 raise ValueError("power_curve points must rise in power_limit_W and throughput")
         if curve and not (curve[0][1] > 0 and curve[-1][1] == 1.0):
             raise ValueError("power_curve throughputs must be in (0, 1] and end at 1.0")
-        limit = self.power_limit_W
+        limit, lowest = self.power_limit_W, self.lowest_power_limit_W
         if limit is None:
             return self
-        top = curve[-1][0] if curve else self.tdp_W
-        if top is None:
+        if lowest is None:
             raise ValueError(f"power_limit_W={limit:g} cannot be priced: the profile has no "
                              "tdp_W and no power_curve")
-        if limit < top and not (curve and limit >= curve[0][0]):
-            allowed = (f"{curve[0][0]:g} W or more" if curve
-                       else f"{top:g} W or more (no power_curve)")
+        if limit < lowest:
             raise ValueError(f"power_limit_W={limit:g} is below what this profile can price "
-                             f"(lowest point: {f'{curve[0][0]:g} W' if curve else 'no power_curve'}"
-                             f"); allowed: {allowed}")
+                             f"(lowest point: {f'{lowest:g} W' if curve else 'no power_curve'}"
+                             f"); allowed: {self.power_limits_allowed}")
         return self
+
+    @property
+    def lowest_power_limit_W(self) -> float | None:
+        """The lowest limit this profile can price: its power curve's first point, else its
+        TDP (no curve: no cap below it); None with neither."""
+        return self.power_curve[0][0] if self.power_curve else self.tdp_W
+
+    @property
+    def power_limits_allowed(self) -> str:
+        """The power limits this profile can price, in words (for errors)."""
+        lowest = self.lowest_power_limit_W
+        if lowest is None:
+            return "none (the profile has no tdp_W and no power_curve)"
+        return f"{lowest:g} W or more" + ("" if self.power_curve else " (no power_curve)")
 
     @property
     def power_fraction(self) -> float:

@@ -199,12 +199,8 @@ def _power_limited(gpu: Any, limit: Any, at: str) -> GPUSpec:
     except ValidationError as exc:
         reason = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ")
                            for e in exc.errors())
-        curve = gpu.power_curve
-        allowed = (f"{curve[0][0]:g} W or more" if curve
-                   else f"{gpu.tdp_W:g} W or more (this GPU has no power_curve)" if gpu.tdp_W
-                   else "a positive number of watts")
         raise SpecError(f"{where}={limit!r} cannot be priced for {gpu.name}: {reason}",
-                        field=where, value=limit, allowed=allowed) from None
+                        field=where, value=limit, allowed=gpu.power_limits_allowed) from None
 
 
 def load_link(ref: str | dict | LinkSpec, where: str = "link") -> LinkSpec:
