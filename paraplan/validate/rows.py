@@ -58,9 +58,7 @@ from paraplan.validate.row_cells import (
     preset_model,
 )
 from paraplan.validate.source_facts import (
-    ACCOUNTED_SPLIT_MODELS,
     BLOOM_LAYERS_PER_STAGE,
-    DEEPSEEK_V3_RECIPE_CHUNKS,
     DEFAULT_VOCAB,
     KORTHIKANTI_GBS,
     KORTHIKANTI_VPP,
@@ -68,7 +66,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TORCHTITAN_LOSS_COMPILED_FROM,
-    accounted_split,
+    recipe_chunks,
     row_year_month,
 )
 
@@ -313,23 +311,16 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         mbs = 1
         s.guess("micro-batch not stated; 1 assumed")
     s.gbs = gbs
-    if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None
-            and model.name == "deepseek-v3" and (pp, vpp) in DEEPSEEK_V3_RECIPE_CHUNKS):
-        layers_per_stage = list(DEEPSEEK_V3_RECIPE_CHUNKS[(pp, vpp)])
-        s.notes.append(f"layers per pipeline chunk {layers_per_stage} (Megatron-Bridge's "
-                       "DeepSeek-V3 layout; the MTP layer and the loss on the last chunk)")
-    if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None and pp > 1
-            and model.name in ACCOUNTED_SPLIT_MODELS):
-        layers_per_stage = accounted_split(model.num_layers, pp, vpp)
-        if layers_per_stage is not None:
-            s.notes.append(f"layers per pipeline chunk {layers_per_stage} (the recipe counts "
-                           "the embedding and the loss as a layer each)")
-    if (s.source in PRESET_MODEL_SOURCES and layers_per_stage is None
-            and model.num_layers % (pp * vpp)):
-        # The recipes lay uneven stages out with --pipeline-model-parallel-layout (e.g.
-        # DeepSeek-V3 "Et|(tt|)*30mL"); the nearest even split stands in for it.
-        layers_per_stage = even_split(model.num_layers, pp * vpp)
-        s.guess(f"layers per pipeline chunk {layers_per_stage} ({LAYOUT_GUESSED})")
+    if s.source in PRESET_MODEL_SOURCES and layers_per_stage is None:
+        known = recipe_chunks(model.name, model.num_layers, pp, vpp)
+        if known is not None:
+            layers_per_stage, note = known
+            s.notes.append(note)
+        elif model.num_layers % (pp * vpp):
+            # The recipes lay uneven stages out with --pipeline-model-parallel-layout (e.g.
+            # DeepSeek-V3 "Et|(tt|)*30mL"); the nearest even split stands in for it.
+            layers_per_stage = even_split(model.num_layers, pp * vpp)
+            s.guess(f"layers per pipeline chunk {layers_per_stage} ({LAYOUT_GUESSED})")
     return make_spec(
         ParallelPlan, "plan", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
         # torchtitan's TP plan always shards norms over the sequence (SequenceParallel) and

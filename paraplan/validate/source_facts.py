@@ -87,6 +87,23 @@ DEEPSEEK_V3_RECIPE_CHUNKS: dict[tuple[int, int], tuple[int, ...]] = {
     (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,),
 }
 
+
+def recipe_chunks(model_name: str, num_layers: int, pp: int, vpp: int
+                  ) -> tuple[list[int], str] | None:
+    """Decoder layers per pipeline chunk of a published recipe's hand-made layout, with a note
+    saying whose layout it is; None where paraplan does not know the recipe's layout."""
+    if model_name == "deepseek-v3" and (pp, vpp) in DEEPSEEK_V3_RECIPE_CHUNKS:
+        chunks = list(DEEPSEEK_V3_RECIPE_CHUNKS[(pp, vpp)])
+        return chunks, (f"layers per pipeline chunk {chunks} (Megatron-Bridge's DeepSeek-V3 "
+                        "layout; the MTP layer and the loss on the last chunk)")
+    if model_name in ACCOUNTED_SPLIT_MODELS and pp > 1:
+        split = accounted_split(num_layers, pp, vpp)
+        if split is not None:
+            return split, (f"layers per pipeline chunk {split} (the recipe counts the "
+                           "embedding and the loss as a layer each)")
+    return None
+
+
 OMNI_PATH_100G = {
     "name": "omnipath-100g", "kind": "infiniband", "bandwidth_Gbps": 100, "latency_us": 20,
     "efficiency": 0.9,
