@@ -43,6 +43,12 @@ FLOAT8_CONVERTER = "quantize.linear.float8"
 (components/quantization/float8.py L238)."""
 VERSION = "v0.2.2"
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+ACTIVATION_CHECKPOINT: dict[str, dict[str, str]] = {
+    "none": {"mode": "none"}, "full": {"mode": "full"},
+    "op": {"mode": "selective", "selective_ac_option": "op"},
+    "layer": {"mode": "selective", "selective_ac_option": "2"},
+}
+"""Plan recompute -> torchtitan ``[activation_checkpoint]`` (Megatron's selective is refused)."""
 
 
 # torchtitan v0.2.2 model flavors (torchtitan/models/<name>/__init__.py) that paraplan has as
@@ -117,10 +123,7 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         par["pipeline_parallel_schedule"] = schedule
         par["pipeline_parallel_microbatch_size"] = mbs
         par["module_fqns_per_model_part"] = _model_parts(ctx)
-    ac: dict[str, Any] = {"mode": {"none": "none", "full": "full", "op": "selective",
-                                   "layer": "selective"}[p.recompute]}
-    if p.recompute in ("op", "layer"):
-        ac["selective_ac_option"] = "op" if p.recompute == "op" else "2"
+    ac: dict[str, Any] = dict(ACTIVATION_CHECKPOINT[p.recompute])
     tables: dict[str, dict[str, Any]] = {}
     flavor = flavor_of(m)
     if flavor is not None:
