@@ -151,6 +151,25 @@ def test_power_limit_interpolates_the_rated_peaks_of_the_same_die():
     assert load_gpu("h100-sxm-hbm2e").power_limit_W == 500
 
 
+def test_overlapped_collectives_take_the_sms_of_their_nccl_channels():
+    """NCCL runs one thread block per channel: 24 on NVSwitch A100/H100 boxes (its ring
+    search's 12, doubled), 16 on the 8-NVLink H800; a collective lasting C seconds under
+    compute costs C * channels / SMs. A profile that cites none keeps the generic 16."""
+    from paraplan.simulator.compute import NCCL_SMS
+    from paraplan.specs import load_gpu
+
+    h100, h800, a100 = (Device.of(load_gpu(n), "bf16") for n in ("h100-sxm", "h800",
+                                                                  "a100-sxm-80gb"))
+    assert h100.nccl_slowdown == pytest.approx(24 / 132)
+    assert h800.nccl_slowdown == pytest.approx(16 / 132)
+    assert a100.nccl_slowdown == pytest.approx(24 / 108)
+    l40s = load_gpu("l40s")
+    assert l40s.nccl_channels is None
+    assert Device.of(l40s, "bf16").nccl_slowdown == pytest.approx(NCCL_SMS / 142)
+    with pytest.raises(ValueError, match="nccl_channels"):
+        l40s.model_validate({**l40s.model_dump(), "nccl_channels": 0})
+
+
 def test_power_limit_off_the_curve_is_refused(tmp_path):
     from paraplan.specs import SpecError, load_gpu
     from paraplan.specs.loaders import load_cluster

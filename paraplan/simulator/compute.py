@@ -32,8 +32,10 @@ KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy str
 # Performance Guide, Matrix Multiplication Background, sec. "Wave Quantization").
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 # SMs NCCL kernels occupy while a collective overlaps compute (NCCL runs one block per
-# channel; 16 channels is its usual count for NVLink/IB rings). Overlapped communication
-# therefore slows compute by about NCCL_SMS / sm_count (Calculon models the same effect as
+# channel; 16 channels is its usual count for NVLink/IB rings, ``GPUSpec.nccl_channels``
+# where a profile cites its own). Overlapped communication therefore slows compute by about
+# channels / sm_count: a collective lasting C seconds under compute takes C * channels /
+# sm_count of its SM-time, done later at full speed (Calculon models the same effect as
 # compute "stolen" by overlapped collectives).
 NCCL_SMS = 16
 # Bytes written per GEMM input element by a fused fp8 cast (Transformer Engine's
@@ -75,6 +77,8 @@ class Device:
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
     fp8_weights_cached: bool = False
     """Weights are cast to fp8 once per step, not per GEMM call (``weight_cache``)."""
+    nccl_sms: int = NCCL_SMS
+    """SMs an overlapped NCCL collective occupies (``GPUSpec.nccl_channels``)."""
 
     @classmethod
     def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
@@ -105,7 +109,8 @@ class Device:
             table, scale = gpu.gemm_table_fp8, clock
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
-                   table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8)
+                   table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,
+                   nccl_sms=gpu.nccl_channels or NCCL_SMS)
 
     @classmethod
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:
@@ -116,7 +121,7 @@ class Device:
     @property
     def nccl_slowdown(self) -> float:
         """Fraction of compute lost while an NCCL collective runs alongside it."""
-        return NCCL_SMS / self.sm_count if self.sm_count else 0.0
+        return min(self.nccl_sms, self.sm_count) / self.sm_count if self.sm_count else 0.0
 
 
 @lru_cache(maxsize=65536)

@@ -140,6 +140,11 @@ class GPUSpec(StrictModel):
     public figure exists. Memory bandwidth is not scaled."""
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
+    nccl_channels: int | None = Field(default=None, gt=0, le=1024)
+    """Thread blocks (one per channel, each on its own SM) an NCCL collective runs on this
+    GPU in its usual box: compute overlapped with a collective loses that share of the SMs
+    (``Device.nccl_slowdown``). NCCL sizes it from the NVLink bandwidth it finds (its ring
+    search, then doubled); None = 16, its usual count for one NVLink/IB ring pair."""
     tdp_W: float | None = Field(default=None, gt=0, le=1e5)
     power_limit_W: float | None = Field(default=None, gt=0, le=1e5)
     """Board power limit the GPUs run at, W (``nvidia-smi -pl``; some hosts ship below the
