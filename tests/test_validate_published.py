@@ -262,6 +262,22 @@ def test_mpt_tokens_per_s_to_step_time(cases, rows):
     assert grad_op.plan.zero_stage == 2
 
 
+def test_mpt_large_scale_rows_run_the_attention_their_sweep_names(cases, rows):
+    """llm-foundry 5e85bd62d sweep.py: --attn_impl flash (flash-attn 2.4.2) for 1b/3b/7b/70b,
+    triton for 13b/30b; the 2023 tables keep the profile's FlashAttention-1-class kernel."""
+    section = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+    seen = {}
+    for case, row in zip(cases[:len(rows)], rows, strict=True):
+        if row["source_id"] != "mosaicml_llmfoundry_mpt":
+            continue
+        large = section in row["source_location"]
+        seen[(large, row["model_name"])] = case.training.flash_attention_version
+    assert {m: seen[(True, m)] for m in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")} == \
+        dict.fromkeys(("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b"), 2)
+    assert seen[(True, "MPT-13b")] == seen[(True, "MPT-30b")] == 1
+    assert {v for (large, _), v in seen.items() if not large} == {1}
+
+
 def test_bloom_step_time_and_its_tflops_formula(cases, rows):
     case = _case(cases, rows, 275, model_name="BLOOM-176B", measured_value="104.7",
                  global_batch="2048", num_gpus="384")

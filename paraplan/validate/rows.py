@@ -66,6 +66,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TORCHTITAN_LOSS_COMPILED_FROM,
+    mpt_flash_attention_version,
     recipe_chunks,
     row_year_month,
 )
@@ -392,6 +393,12 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                 explicit["loss_kernels"] = "eager"
                 s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
                                "before 2025-02")
+        flash_v = mpt_flash_attention_version(cell(row, "source_location"),
+                                              cell(row, "model_name"))
+        if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:
+            explicit["flash_attention_version"] = flash_v
+            s.notes.append("attn_impl flash (flash-attn 2.4.2): the large-scale H100 sweep "
+                           "(llm-foundry 5e85bd62d sweep.py)")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
         # NVIDIA's fp8 recipes name their scaling (perf summary: "FP8 current scaling",

@@ -41,6 +41,26 @@ DEFAULT_VOCAB = {
                                                 "the GPT-3 architecture)"),
 }
 
+# The attention kernel of llm-foundry's large-scale H100 table (README section "H100 80GB BF16
+# (Large Scale, >= 128 GPUs)", added in mosaicml/llm-foundry 5e85bd62d, 2024-01-06): its
+# scripts/train/benchmarking/sweep.py passes --attn_impl flash for the 1b, 3b, 7b and 70b
+# models and --attn_impl triton for 13b and 30b, and submit_benchmarks.py pip-installs
+# '.[gpu-flash2]' (setup.py: flash-attn==2.4.2, whose kernel takes ALiBi slopes). The other
+# tables (2023, '.[gpu]' = flash-attn 1.0.9, submit_benchmarks.py's default --attn_impl
+# triton) keep the trainer profile's FlashAttention-1-class Triton kernel.
+MPT_LARGE_SCALE_SECTION = "H100 80GB BF16 (Large Scale, >= 128 GPUs)"
+MPT_LARGE_SCALE_FLASH2 = frozenset({"MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b"})
+
+
+def mpt_flash_attention_version(source_location: str, model_name: str) -> int | None:
+    """FlashAttention version an llm-foundry benchmark row ran where its table's sweep
+    names one other than the trainer profile's (2 for the large-scale H100 table's
+    ``attn_impl: flash`` models), else None."""
+    if MPT_LARGE_SCALE_SECTION in source_location and model_name in MPT_LARGE_SCALE_FLASH2:
+        return 2
+    return None
+
+
 # Doubt-column phrases that mean a plan field (or seq_len / batch / GPU count) was guessed.
 # Hardware-only or architecture-only notes ("interconnect not stated", "filled from the public
 # model config", "arch from mpt-*.yaml") do not make a row doubtful.
