@@ -170,6 +170,59 @@ def test_overlapped_collectives_take_the_sms_of_their_nccl_channels():
         l40s.model_validate({**l40s.model_dump(), "nccl_channels": 0})
 
 
+def test_gradient_accumulation_pass_bytes_by_trainer():
+    """Per parameter per micro-batch: fused 0; eager AccumulateGrad 3 x 2 B; DeepSpeed's BF16
+    optimizer ``hp_grad.add_(lp.grad.to(fp32))``: read 2 B, write the fp32 copy 4, read it
+    and the fp32 buffer 4 + 4, write the buffer 4 = 18 B. None under ZeRO-2/3."""
+    from paraplan.simulator.compute import accumulation_bytes_per_param, accumulation_time
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_training
+
+    tr = TrainingSpec(global_batch_size=64, seq_len=2048)
+    assert accumulation_bytes_per_param(tr) == 0.0
+    assert accumulation_bytes_per_param(tr.model_copy(update={"kernels": "eager"})) == 6.0
+    ds = load_trainer("megatron-deepspeed-2022")
+    bf16 = trainer_training(ds, tr)
+    assert bf16.grad_accumulation == "fp32_add" and accumulation_bytes_per_param(bf16) == 18.0
+    fp16 = trainer_training(ds, tr.model_copy(update={"precision": "fp16"}))
+    assert fp16.grad_accumulation == "eager" and accumulation_bytes_per_param(fp16) == 6.0
+    assert trainer_training(load_trainer("megatron-core"), tr).grad_accumulation is None
+    dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")
+    secs = accumulation_time(1e9, bf16, ParallelPlan(zero_stage=1), dev)
+    assert secs == pytest.approx(18e9 / dev.memory_Bps)
+    assert accumulation_time(1e9, bf16, ParallelPlan(zero_stage=2), dev) == 0.0
+
+
+def test_deepspeed_bf16_zero1_all_reduces_the_whole_gradient():
+    """DeepSpeed's pipeline engine with the BF16 optimizer all-reduces the fp32 gradient in
+    full before its ZeRO-1 step; Megatron's distributed optimizer reduce-scatters it."""
+    from paraplan.simulator import collectives as coll
+    from paraplan.simulator.dp_sync import grad_sync_parts
+
+    cl = load_cluster("dgx-a100-80gb", nodes=8)
+    model = load_model("gpt3-2.7b")
+    tr = TrainingSpec(global_batch_size=256, seq_len=2048, grad_reduce_fp32=True)
+    group = tuple(range(0, 64, 8))
+    plan = ParallelPlan(tp=8, zero_stage=1)
+    rs, ag = grad_sync_parts(cl.topology, group, model, plan, tr, 1e9)
+    full, ag2 = grad_sync_parts(cl.topology, group, model, plan,
+                                tr.model_copy(update={"zero1_grad_all_reduce": True}), 1e9)
+    assert ag2 == ag
+    assert full == pytest.approx(2 * rs * coll.kind_efficiency(cl.topology, "reduce_scatter"))
+    ds = load_trainer_training("megatron-deepspeed-2022", tr)
+    assert ds.zero1_grad_all_reduce
+    assert not load_trainer_training("megatron-deepspeed-2022",
+                                     tr.model_copy(update={"precision": "fp16"})
+                                     ).zero1_grad_all_reduce
+
+
+def load_trainer_training(name: str, training: TrainingSpec) -> TrainingSpec:
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_training
+
+    return trainer_training(load_trainer(name), training)
+
+
 def test_power_limit_off_the_curve_is_refused(tmp_path):
     from paraplan.specs import SpecError, load_gpu
     from paraplan.specs.loaders import load_cluster

@@ -45,6 +45,12 @@ CASES = (
     # B200's measured fp8 GEMM table, and llm-foundry's loss (one kernel, two metric passes)
     ("llama3-8b", "dgx-b200", 1, 64, 4096, {"precision": "fp8", "loss_kernels": "one_kernel",
                                            "logit_metric_passes": 2}),
+    # DeepSpeed's BF16 optimizer: a pass adding the 16-bit gradients into fp32 ones after
+    # every backward (compute.accumulation_bytes_per_param), none under ZeRO-2/3
+    # and its ZeRO-1 that all-reduces the whole fp32 gradient (dp_sync.grad_sync_parts)
+    ("gpt3-2.7b", "dgx-a100-80gb", 2, 256, 2048, {"grad_accumulation": "fp32_add",
+                                                   "grad_reduce_fp32": True,
+                                                   "zero1_grad_all_reduce": True}),
     # A power-capped GPU with eager kernels (the loss follows them)
     ("llama3-8b", str(Path(__file__).parent / "data" / "capped-h100.yaml"), 2, 64, 4096,
      {"kernels": "eager"}),

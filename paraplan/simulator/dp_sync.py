@@ -34,7 +34,8 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     reduce-scatter is ~3x slower than its all-reduce, NCCL's kinds are even).
 
     Returns (gradient part, parameter part): the all-reduce and 0 for DDP, the reduce-scatter
-    and the all-gather for ZeRO-1/2 (ZeRO-2 repeats the first every micro-batch: step.py).
+    and the all-gather for ZeRO-1/2 (ZeRO-2 repeats the first every micro-batch: step.py);
+    ZeRO-1 all-reduces the gradients in full where ``training.zero1_grad_all_reduce``.
     ``gather_bytes``: bytes per gathered parameter (default: ``training.param_gather_bytes``
     over the plan's, else the group's, data-parallel degree).
     """
@@ -53,7 +54,12 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
 
     if plan.zero_stage in (1, 2):
-        return (0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(topo, "reduce_scatter"),
+        if plan.zero_stage == 1 and training.zero1_grad_all_reduce:
+            grads = all_reduce(count * grad_bytes)  # DeepSpeed's bf16 pipeline engine
+        else:
+            grads = 0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(
+                topo, "reduce_scatter")
+        return (grads,
                 0.5 * all_reduce(count * gather_bytes)
                 / coll.kind_efficiency(topo, "all_gather"))
     return all_reduce(count * grad_bytes), 0.0

@@ -134,6 +134,13 @@ class TrainerRuns(StrictModel):
     (``TrainingSpec.logit_metric_passes``)."""
     zero2_regather: bool = False
     """ZeRO-2 re-gathers parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
+    zero1_grad_all_reduce: bool | Literal["bf16"] = False
+    """ZeRO-1 all-reduces gradients in full (``TrainingSpec.zero1_grad_all_reduce``);
+    ``bf16``: when training in bf16 (DeepSpeed's BF16 optimizer)."""
+    grad_accumulation: dict[Literal["bf16", "fp16", "fp32", "fp8"],
+                            Literal["fused", "eager", "fp32_add"]] = Field(default_factory=dict)
+    """How it accumulates weight gradients, by training precision
+    (``TrainingSpec.grad_accumulation``); a precision it does not list follows ``kernels``."""
     moe_dispatcher: Literal["alltoall", "hierarchical"] = "alltoall"
     """The MoE token dispatcher its exported config selects (``TrainingSpec.moe_dispatcher``)."""
     moe_a2a_overlap: bool = False
@@ -311,6 +318,9 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap,
              "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
+             "grad_accumulation": runs.grad_accumulation.get(training.precision),
+             "zero1_grad_all_reduce": runs.zero1_grad_all_reduce
+             if isinstance(runs.zero1_grad_all_reduce, bool) else training.precision == "bf16",
              "kernels": run_kernels(runs, training.precision)}
     return training.model_copy(update={k: v for k, v in facts.items()
                                        if k not in training.model_fields_set})

@@ -70,6 +70,17 @@ class TrainingSpec(StrictModel):
     is cast to the reduce dtype when it differs), ``per_param`` (FSDP2 ``fully_shard``: every
     all-gather is copied out into the per-parameter tensors and every reduce-scatter input is
     packed by a copy-in); None: not priced (Megatron's and DeepSpeed's own buffers)."""
+    zero1_grad_all_reduce: bool = False
+    """ZeRO-1 all-reduces the gradients in full (every rank then updates its shard and the
+    updated parameters are all-gathered) instead of reduce-scattering them: DeepSpeed's
+    pipeline engine with its BF16 optimizer (pipe/engine.py ``_bf16_reduce_grads``)."""
+    grad_accumulation: Literal["fused", "eager", "fp32_add"] | None = None
+    """How each micro-batch's weight gradients reach the gradient buffer
+    (``compute.accumulation_time``): ``fused`` (the weight-gradient GEMM accumulates into the
+    buffer, Megatron's ``gradient_accumulation_fusion``), ``eager`` (PyTorch ``AccumulateGrad``
+    adds each new 16-bit gradient into the buffer: read both, write one), ``fp32_add``
+    (DeepSpeed's BF16 optimizer: after every backward, ``hp_grad.add_(lp.grad.to(fp32))`` adds
+    the 16-bit gradients into fp32 ones in a pass of its own); None: as ``kernels``."""
     zero2_regather: bool = False
     """ZeRO-2 gathers the parameters again for every micro-batch: PyTorch FSDP with
     ``reshard_after_forward=False`` still reshards after each backward (FSDP2

@@ -232,6 +232,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params, each half
     # an all-reduce on its volume over the library's speed on that kind (step.py).
     z12 = (z == 1) | (z == 2)
+    z1_all_reduce = (z == 1) & training.zero1_grad_all_reduce  # grad_sync_parts
     eff_rs, eff_ag = ctx.kind_eff
 
     def _reduce(ar_l: np.ndarray, count: np.ndarray, pbytes: np.ndarray | float
@@ -239,7 +240,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
         buckets = count / DDP_BUCKET_ELEMENTS
         grads = _chunked(ar_l, count * gb, buckets)
-        return (np.where(z12, 0.5 * grads / eff_rs, grads),
+        return (np.where(z12 & ~z1_all_reduce, 0.5 * grads / eff_rs, grads),
                 np.where(z12, 0.5 * _chunked(ar_l, count * pbytes, buckets) / eff_ag,
                          0.0))
 

@@ -16,7 +16,7 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import Device, optimizer_step_time
+from paraplan.simulator.compute import Device, accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.layer import (
     compose_columns,
@@ -111,9 +111,9 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
 
     # ---- per-layer quantities, once per (tp, cp, sp, mbs, rc, ep, etp, zs) -----------------
-    # zs: gradients sharded per micro-batch (ZeRO >= 2), which drops the eager accumulation
-    # pass (compute.accumulation_time); a constant 0 with fused kernels, which have none.
-    zs = (c["zero"] >= 2).astype(np.int64) if training.kernels == "eager" else \
+    # zs: gradients sharded per micro-batch (ZeRO >= 2), which drops the accumulation pass
+    # (compute.accumulation_time); a constant 0 where the trainer has none (fused kernels).
+    zs = (c["zero"] >= 2).astype(np.int64) if accumulation_bytes_per_param(training) else \
         np.zeros(n, dtype=np.int64)
     uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"],
                            zs])
@@ -181,9 +181,10 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
 
 def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per key (rows of ``uniq``: tp, cp, sp, mbs, recompute, ep, etp, zero >= 2 under eager
-    kernels): composed layer costs ``[key, dense/moe, LayerCost fields]``, the LM head's
-    (fwd, bwd, tp) with the MTP modules, and activation bytes (dense, moe, working).
+    """Per key (rows of ``uniq``: tp, cp, sp, mbs, recompute, ep, etp, zero >= 2 where
+    gradients have an accumulation pass): composed layer costs ``[key, dense/moe, LayerCost
+    fields]``, the LM head's (fwd, bwd, tp) with the MTP modules, and activation bytes
+    (dense, moe, working).
 
     Each part is computed once per the plan fields it reads (``layer_parts``' docstring lists
     them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers per those and
