@@ -441,7 +441,11 @@ def test_collective_efficiency_scales_only_its_kind():
 MODEL_8B = load_model("llama3-8b")
 
 
-def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
+def test_zero1_grad_sync_is_a_ring_reduce_scatter_plus_a_ring_all_gather():
+    """ZeRO-1/2 reduce-scatter the gradients and all-gather the parameters bucket by bucket,
+    each a ring: (n - 1) latency steps and (n - 1) / n of the bytes at the ring's bandwidth
+    times the library's speed on that kind (NCCL has no tree for either). DDP all-reduces
+    (its tree and node hierarchy help it)."""
     from paraplan.simulator.step import bucketed_grad_sync
 
     cluster = load_cluster("dgx-h100", nodes=2)
@@ -452,18 +456,28 @@ def test_zero1_grad_sync_is_reduce_scatter_plus_all_gather_halves():
     zero1 = bucketed_grad_sync(topo, group, MODEL_8B, ParallelPlan(zero_stage=1), training,
                                count)
     buckets = count / 40e6
+    ring = topo.ring(group)
+    bw, lat, n = ring.bandwidth_GBps * 1e9, ring.latency_s, 16
 
-    def all_reduce(nbytes: float) -> float:
-        return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
+    def ring_pass(nbytes: float, eff: float = 1.0) -> float:  # one bucket, by hand
+        return (n - 1) * lat + (n - 1) / n * nbytes / (bw * eff)
 
     g = training.grad_reduce_bytes
-    assert ddp == pytest.approx(all_reduce(count * g))
-    assert zero1 == pytest.approx(0.5 * all_reduce(count * g) + 0.5 * all_reduce(count * 2))
+    assert ddp == pytest.approx(
+        buckets * coll.group_collective(topo, group, "all_reduce", count * g / buckets))
+    assert zero1 == pytest.approx(buckets * (ring_pass(count * g / buckets)
+                                             + ring_pass(count * 2 / buckets)))
     gloo_like = cluster.model_copy(update={"collective_efficiency": {"reduce_scatter": 0.25}})
     slow = bucketed_grad_sync(gloo_like.topology, group, MODEL_8B, ParallelPlan(zero_stage=1),
                               training, count)
-    assert slow == pytest.approx(0.5 * all_reduce(count * g) / 0.25
-                                 + 0.5 * all_reduce(count * 2))
+    assert slow == pytest.approx(buckets * (ring_pass(count * g / buckets, 0.25)
+                                            + ring_pass(count * 2 / buckets)))
+    # Over 512 GPUs the ring's 511 latency steps cost what the all-reduce's tree avoids.
+    big = load_cluster("dgx-h100", nodes=64).topology
+    every = tuple(range(512))
+    one_bucket = bucketed_grad_sync(big, every, MODEL_8B, ParallelPlan(zero_stage=1),
+                                    training, 40e6)
+    assert one_bucket > 2 * 511 * big.ring(every).latency_s
 
 
 @pytest.mark.parametrize("sp", [0, 1])

@@ -47,7 +47,8 @@ def test_placement_that_keeps_data_parallel_groups_in_a_region_is_faster(xl):
     spread = simulate(model, cluster, training, plan.model_copy(
         update={"placement": scattered}))
     assert regional.feasible and spread.feasible
-    assert regional.time_s["dp_comm"] * 2 < spread.time_s["dp_comm"]
+    # (A ring pays each WAN hop's latency once per pass: 4 of the 16 hops cross regions.)
+    assert regional.time_s["dp_comm"] * 1.5 < spread.time_s["dp_comm"]
     # ... while its pipeline boundaries stay inside a region, so its p2p is cheaper.
     assert spread.extra["pp_p2p_s"] < regional.extra["pp_p2p_s"]
 

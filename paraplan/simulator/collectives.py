@@ -15,8 +15,11 @@ per-step latency alpha and per-rank one-direction bandwidth B,
                     half the data; log latency, ~2S/B bandwidth term)
 Hierarchical all-reduce: reduce-scatter inside nodes, all-reduce of S/k across nodes, all-gather
 inside nodes (the NCCL/Horovod hierarchy); the cheaper of ring and hierarchy is used, as NCCL
-picks algorithms by size. B and alpha come from ``Topology.ring`` (bottleneck edge, link
-efficiency included); kinds other than all-reduce scale B by the cluster's measured
+picks algorithms by size; reduce-scatter and all-gather have no tree or hierarchy in NCCL (its
+docs list Ring for both, plus NVLS/CollNet in a switch domain and PAT for one GPU per node), so
+they run as rings. B and alpha come from ``Topology.ring`` (B: the bottleneck edge, link
+efficiency included; alpha: the mean hop latency, as NCCL's tuning model sums the ring's hop
+latencies); kinds other than all-reduce scale B by the cluster's measured
 ``collective_efficiency`` (1 unless a profile says otherwise). Times in seconds, sizes in
 bytes.
 """

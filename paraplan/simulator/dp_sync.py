@@ -27,10 +27,11 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
     parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
     (Megatron's distributed optimizer, DeepSpeed ZeRO-1/2) reduce-scatter them and all-gather
-    the updated parameters in the compute dtype:
-    each costs half of the best all-reduce algorithm on its volume (an all-reduce is a
-    reduce-scatter plus an all-gather, in rings and in the node hierarchy alike), divided by
-    the library's measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
+    the updated parameters in the compute dtype, each a ring over the group
+    (``collectives.group_collective``: NCCL runs reduce-scatter and all-gather as rings, with
+    no tree to shorten their (n - 1) latency steps; its docs list Ring, plus NVLS/CollNet
+    inside a switch domain and PAT for one GPU per node, for both), at the library's
+    measured speed on that kind (``ClusterSpec.collective_efficiency``; gloo's
     reduce-scatter is ~3x slower than its all-reduce, NCCL's kinds are even).
 
     Returns (gradient part, parameter part): the all-reduce and 0 for DDP, the reduce-scatter
@@ -54,12 +55,19 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
 
     if plan.zero_stage in (1, 2):
-        if plan.zero_stage == 1 and training.zero1_grad_all_reduce:
-            grads = all_reduce(count * grad_bytes)  # DeepSpeed's bf16 pipeline engine
-        else:
-            grads = 0.5 * all_reduce(count * grad_bytes) / coll.kind_efficiency(
-                topo, "reduce_scatter")
-        return (grads,
-                0.5 * all_reduce(count * gather_bytes)
-                / coll.kind_efficiency(topo, "all_gather"))
+        if plan.dp_algorithm in ("ps", "sharded_ps"):
+            # A parameter server has no reduce-scatter of its own: half of its all-reduce
+            # each way, over the library's speed on that kind.
+            return (0.5 * all_reduce(count * grad_bytes)
+                    / coll.kind_efficiency(topo, "reduce_scatter"),
+                    0.5 * all_reduce(count * gather_bytes)
+                    / coll.kind_efficiency(topo, "all_gather"))
+
+        def ring(kind: str, nbytes: float) -> float:
+            return buckets * coll.group_collective(topo, group, kind, nbytes / buckets)
+
+        grads = (all_reduce(count * grad_bytes)  # DeepSpeed's bf16 pipeline engine
+                 if plan.zero_stage == 1 and training.zero1_grad_all_reduce
+                 else ring("reduce_scatter", count * grad_bytes))
+        return grads, ring("all_gather", count * gather_bytes)
     return all_reduce(count * grad_bytes), 0.0

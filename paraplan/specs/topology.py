@@ -47,8 +47,11 @@ class RingCost:
     """Bottleneck of a ring over a group, in ring order.
 
     ``bandwidth_GBps`` is the slowest ring edge's effective one-direction bandwidth (GB/s,
-    after link efficiency) available to one rank; ``latency_s`` the slowest edge's latency,
-    which every ring step pays.
+    after link efficiency) available to one rank; ``latency_s`` the mean edge latency: a
+    chunk crosses the ring's edges one after another, so its n - 1 steps pay the sum of the
+    hop latencies, each once (NCCL's own model, src/graph/tuning.cc: a ring's latency is
+    (nsteps - nInterSteps) * intraLat + nInterSteps * interLat, inter-node hops only where
+    the ring crosses nodes), not n - 1 times the slowest hop.
     """
 
     n: int
@@ -284,7 +287,7 @@ class Topology:
         nxt = np.roll(arr, -1)
         bw, lat, tier = self._pairs(arr, nxt, shared=True, k_per_node=k)
         worst = int(np.argmin(bw))
-        return RingCost(n, float(bw[worst]), float(lat.max()), TIERS[int(tier.max())],
+        return RingCost(n, float(bw[worst]), float(lat.mean()), TIERS[int(tier.max())],
                         int(nodes.size), k_max)
 
     def p2p_ring(self, group: Sequence[int]) -> RingCost:

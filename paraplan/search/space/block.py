@@ -69,8 +69,6 @@ class Context:
     t_p2p: np.ndarray
     overlap_p2p: bool = False
     """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
-    kind_eff: tuple[float, float] = (1.0, 1.0)
-    """Library speed on reduce-scatter and all-gather (``ClusterSpec.collective_efficiency``)."""
 
 
 def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
@@ -229,28 +227,26 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
     gather = _chunked(ctx.ag[g], dense0 * gbytes, units)
     scatter = _chunked(ctx.rs[g], dense0 * gb, units)
-    # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params, each half
-    # an all-reduce on its volume over the library's speed on that kind (step.py).
+    # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params in rings
+    # (dp_sync.grad_sync_parts), DeepSpeed's bf16 ZeRO-1 all-reduces the grads in full.
     z12 = (z == 1) | (z == 2)
-    z1_all_reduce = (z == 1) & training.zero1_grad_all_reduce  # grad_sync_parts
-    eff_rs, eff_ag = ctx.kind_eff
+    rs_grads = z12 & ~((z == 1) & training.zero1_grad_all_reduce)
 
-    def _reduce(ar_l: np.ndarray, count: np.ndarray, pbytes: np.ndarray | float
-                ) -> tuple[np.ndarray, np.ndarray]:
+    def _reduce(ar_l: np.ndarray, rs_l: np.ndarray, ag_l: np.ndarray, count: np.ndarray,
+                pbytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
         buckets = count / DDP_BUCKET_ELEMENTS
-        grads = _chunked(ar_l, count * gb, buckets)
-        return (np.where(z12 & ~z1_all_reduce, 0.5 * grads / eff_rs, grads),
-                np.where(z12, 0.5 * _chunked(ar_l, count * pbytes, buckets) / eff_ag,
-                         0.0))
+        grads = np.where(rs_grads, _chunked(rs_l, count * gb, buckets),
+                         _chunked(ar_l, count * gb, buckets))
+        return grads, np.where(z12, _chunked(ag_l, count * pbytes, buckets), 0.0)
 
-    g_part, p_part = _reduce(ctx.ar[g], dense0, gbytes)
+    g_part, p_part = _reduce(ctx.ar[g], ctx.rs[g], ctx.ag[g], dense0, gbytes)
     if model.is_moe:
         e = ctx.einv[idx]
         has = exp0 != 0
         gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
         scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
-        eg, ep_ = _reduce(ctx.ear[e], exp0, cb)
+        eg, ep_ = _reduce(ctx.ear[e], ctx.ers[e], ctx.eag[e], exp0, cb)
         g_part = g_part + np.where(has, eg, 0.0)
         p_part = p_part + np.where(has, ep_, 0.0)
     sync = g_part + p_part

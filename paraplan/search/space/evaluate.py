@@ -14,7 +14,7 @@ from paraplan.search.space.block import Context, evaluate_block
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
-from paraplan.simulator.collectives import kind_efficiency, pipeline_p2p_lines
+from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import Device, accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
@@ -153,9 +153,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                   interval=interval, capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
                   ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
-                  edp=edp, t_p2p=t_p2p, overlap_p2p=bool(const.get("overlap_p2p_comm", False)),
-                  kind_eff=(kind_efficiency(topo, "reduce_scatter"),
-                            kind_efficiency(topo, "all_gather")))
+                  edp=edp, t_p2p=t_p2p, overlap_p2p=bool(const.get("overlap_p2p_comm", False)))
     pv, pvinv = key_index([c["pp"], c["v"]])
     order = np.argsort(pvinv, kind="stable")
     bounds = np.searchsorted(pvinv[order], np.arange(len(pv) + 1))
