@@ -174,7 +174,7 @@ def test_gradient_accumulation_pass_bytes_by_trainer():
     """Per parameter per micro-batch: fused 0; eager AccumulateGrad 3 x 2 B; DeepSpeed's BF16
     optimizer ``hp_grad.add_(lp.grad.to(fp32))``: read 2 B, write the fp32 copy 4, read it
     and the fp32 buffer 4 + 4, write the buffer 4 = 18 B. None under ZeRO-2/3."""
-    from paraplan.simulator.compute import accumulation_bytes_per_param, accumulation_time
+    from paraplan.simulator.grads import accumulation_bytes_per_param, accumulation_time
     from paraplan.specs.loaders import load_trainer
     from paraplan.specs.trainer import trainer_training
 
@@ -405,7 +405,7 @@ def test_moe_permute_traffic_by_hand():
 
 
 def test_eager_gradient_accumulation_pass_by_hand():
-    from paraplan.simulator.compute import grad_accumulation_time
+    from paraplan.simulator.grads import grad_accumulation_time
 
     model = load_model("gpt3-125m")
     dev = Device(matmul_flops=1e12, memory_Bps=1e10)

@@ -89,8 +89,9 @@ def test_best_exports_the_run_setting_of_its_plan(tmp_path):
     assert res.returncode == 0, res.stderr
     best = json.loads(res.stdout)["plans"][0]
     text = out.read_text()
-    deepep = best["moe_dispatcher"] == "hierarchical" and best["ep"] * (best["etp"] or
-                                                                        best["tp"]) > 1
+    plan = best["plan"]
+    deepep = best["moe_dispatcher"] == "hierarchical" and plan["ep"] * (plan["etp"] or
+                                                                        plan["tp"]) > 1
     assert ("--moe-enable-deepep" in text) == deepep
     assert ("--overlap-moe-expert-parallel-comm" in text) == bool(best["moe_a2a_overlap"])
     # The user's --moe-dispatcher is kept: every plan then runs the NCCL all-to-all.
@@ -200,7 +201,7 @@ def test_a_saved_best_result_is_priced_and_exported_as_ranked(tmp_path):
     text = out.read_text()
     assert ("--overlap-moe-expert-parallel-comm" in text) == bool(best["moe_a2a_overlap"])
     assert ("--moe-enable-deepep" in text) == (best["moe_dispatcher"] == "hierarchical"
-                                               and best["ep"] > 1)
+                                               and best["plan"]["ep"] > 1)
 
 
 def test_sweeps_and_fronts_keep_the_run_settings_free():

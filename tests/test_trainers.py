@@ -415,7 +415,8 @@ def test_fp8_weight_casts_are_paid_once_per_step_where_the_trainer_caches_them()
     # (megatron-core passes is_first_microbatch): the per-GEMM weight cast disappears and the
     # optimizer step pays 4 B per parameter once; the evaluator and simulate agree.
     from paraplan.search.space import evaluate_space
-    from paraplan.simulator.compute import Device, gemm_time, optimizer_step_time
+    from paraplan.simulator.compute import Device, gemm_time
+    from paraplan.simulator.grads import optimizer_step_time
     from paraplan.specs import load_gpu
 
     gpu = load_gpu("h100-sxm")

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 from paraplan.simulator import moe as routing
 from paraplan.simulator.copies import eager_ring_bytes
+from paraplan.simulator.grads import grad_accumulation_time
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -51,7 +52,6 @@ FP8_FUSED_CAST_BYTES = 2.0
 # input high-precision tensor"; torchtitan float8.md: "the overhead of dynamic quantization").
 FP8_CURRENT_SCALING_REREAD_BYTES = 2.0
 KERNELS_PER_LAYER_FWD = 12  # norms, QKV, rope, attention, proj, adds, MLP matmuls, activation
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -357,67 +357,3 @@ def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     fwd = steps * 6.0 * q_elems * scale / device.memory_Bps + launch
     bwd = steps * 6.0 * (q_elems + kv_elems) * scale / device.memory_Bps + launch
     return fwd, bwd
-
-
-def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                           device: Device, *, moe: bool) -> float:
-    """Seconds to add one micro-batch's weight gradients of one layer into the gradient buffer.
-
-    Eager autograd (PyTorch DDP, the executor) writes each weight gradient to its own tensor
-    and then ``AccumulateGrad`` adds it into the long-lived buffer: read both, write one,
-    3 x ``compute_bytes`` per parameter per micro-batch, on every micro-batch (DDP's first
-    one copies into the bucket view instead, 2x, which this ignores). Fused stacks write the
-    weight-gradient GEMM straight into the fp32 buffer (Megatron's
-    ``gradient_accumulation_fusion``, GEMM beta = 1): no extra pass. DeepSpeed's BF16
-    optimizer adds the 16-bit gradients into fp32 ones after every backward
-    (``accumulation_bytes_per_param``). Under ZeRO-2/3 the gradient is reduce-scattered
-    every micro-batch and only the 1/dp shard is accumulated, which this treats as free.
-    """
-    if moe:
-        params = model.moe_layer_shared_params / plan.tp + (
-            model.num_experts * model.expert_params / (plan.ep * plan.expert_tp))
-    else:
-        params = model.dense_layer_params / plan.tp
-    return accumulation_time(params, training, plan, device)
-
-
-def accumulation_bytes_per_param(training: TrainingSpec) -> float:
-    """Bytes moved per parameter per micro-batch to accumulate its weight gradient
-    (``TrainingSpec.grad_accumulation``; None follows ``kernels``): fused 0; eager 3 x
-    compute_bytes (read the new gradient and the buffer, write the buffer); fp32_add, as
-    DeepSpeed's BF16 optimizer runs ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``
-    after every backward (runtime/bf16_optimizer.py ``update_hp_grads``, which
-    pipe/engine.py calls after each micro-batch's backward): the cast reads the 16-bit
-    gradient and writes an fp32 copy, the add reads that copy and the fp32 buffer and writes
-    the buffer: compute_bytes + 4 * 4."""
-    kind = training.grad_accumulation or ("eager" if training.kernels == "eager" else "fused")
-    if kind == "eager":
-        return 3.0 * training.compute_bytes
-    if kind == "fp32_add":
-        return training.compute_bytes + 4.0 * FP32_BYTES
-    return 0.0
-
-
-def accumulation_time(params_on_rank: float, training: TrainingSpec, plan: ParallelPlan,
-                      device: Device) -> float:
-    """Seconds of the accumulation pass over ``params_on_rank`` parameters, one micro-batch
-    (``accumulation_bytes_per_param``; 0 under ZeRO-2/3, whose gradients are reduce-scattered
-    every micro-batch)."""
-    if plan.zero_stage >= 2:
-        return 0.0
-    return accumulation_bytes_per_param(training) * params_on_rank / device.memory_Bps
-
-
-def optimizer_step_time(params_on_rank: float, training: TrainingSpec, device: Device) -> float:
-    """Memory-bound optimizer update of ``params_on_rank`` parameters (seconds).
-
-    Adam with fp32 master: read+write master, momentum, variance (24 B), read grads twice
-    (norm/clip and update, 4 B), write 16-bit weights (2 B) = 30 bytes per parameter.
-    """
-    states = training.optimizer_state_bytes_per_param
-    per_param = 2.0 * states + 2.0 * training.compute_bytes + training.compute_bytes
-    if device.fp8_weights_cached:
-        # The once-per-step fp8 weight cast: read the 16-bit weight, write the fp8 copy and
-        # its transpose (Transformer Engine keeps both for the forward and dgrad GEMMs).
-        per_param += 4.0
-    return params_on_rank * per_param / device.memory_Bps

@@ -3,7 +3,8 @@ the memory-bound passes each loss implementation makes over the logits (seconds,
 
 from __future__ import annotations
 
-from paraplan.simulator.compute import Device, accumulation_time, gemm_time
+from paraplan.simulator.compute import Device, gemm_time
+from paraplan.simulator.grads import accumulation_time
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec

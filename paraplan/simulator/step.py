@@ -17,10 +17,11 @@ import numpy as np
 
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
-from paraplan.simulator.compute import Device, optimizer_step_time
+from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.dp_sync import bucketed_grad_sync, grad_sync_parts
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
+from paraplan.simulator.grads import optimizer_step_time
 from paraplan.simulator.layer import (
     CE_VALUES_PER_TOKEN,
     FP32_BYTES,

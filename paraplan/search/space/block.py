@@ -236,8 +236,8 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
                 pbytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
         buckets = count / DDP_BUCKET_ELEMENTS
-        grads = np.where(rs_grads, _chunked(rs_l, count * gb, buckets),
-                         _chunked(ar_l, count * gb, buckets))
+        lines = np.where(rs_grads[:, None, None], rs_l, ar_l)  # one line set per plan
+        grads = _chunked(lines, count * gb, buckets)
         return grads, np.where(z12, _chunked(ag_l, count * pbytes, buckets), 0.0)
 
     g_part, p_part = _reduce(ctx.ar[g], ctx.rs[g], ctx.ag[g], dense0, gbytes)

@@ -16,8 +16,9 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import Device, accumulation_bytes_per_param, optimizer_step_time
+from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
+from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
     compose_columns,
     lm_head_cost,
