@@ -57,6 +57,34 @@ def test_errors_are_spec_errors() -> None:
         search(model, cl, tr, searcher="magic")
 
 
+def test_resplit_takes_the_fastest_plan_of_each_fast_shape():
+    """Beyond the fastest rows, the re-split takes one plan per parallel shape, so a deep
+    pipeline the even split handicaps is re-split even when its variants rank below many
+    variants of a few shallow shapes."""
+    import numpy as np
+
+    from paraplan.search.dp.resplit import resplit_finalists
+    from paraplan.search.space import build_space, evaluate_space
+
+    model = load_model("deepseek-moe-16b")
+    cl = load_cluster("dgx-h100", nodes=2)
+    tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+    space = build_space(model, cl, tr)
+    ev = evaluate_space(space, exact_interleaved=False)
+    _, plain = resplit_finalists(space, ev, 3, None, set())
+    more, both = resplit_finalists(space, ev, 0, None, set(), shapes=3)
+    assert plain <= 3 and both <= 3
+    shapes = {(r.plan["tp"], r.plan["pp"], r.plan["cp"], r.plan["ep"], r.plan["etp"],
+               r.plan["sequence_parallel"], r.plan["schedule"]) for r in more}
+    assert len(shapes) == len(more)  # one plan per shape
+    c = space.cols
+    pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib) \
+        & np.isfinite(ev.step_time_s)
+    assert both == min(3, len(np.unique(np.stack(
+        [c[k][pipelined] for k in ("tp", "pp", "cp", "ep", "etp", "sp", "sched")], axis=1),
+        axis=0)))
+
+
 def test_layers_of_unequal_cost_get_the_exact_split():
     """DeepSeek-MoE-16B's leading dense layer is cheaper than its MoE layers: the exhaustive
     searcher re-splits its fastest pipelined plans with the layer-partition DP, so it is never
@@ -70,11 +98,11 @@ def test_layers_of_unequal_cost_get_the_exact_split():
     fix = "pp=4,schedule=1f1b"
     res = search(model, cl, tr, top=3, searcher="exhaustive", fix=fix)
     dp = search(model, cl, tr, top=1, searcher="dp", fix=fix)
-    old, ex.RESPLITS = ex.RESPLITS, 0
+    old, ex.RESPLITS, ex.RESPLIT_SHAPES = (ex.RESPLITS, ex.RESPLIT_SHAPES), 0, 0
     try:
         even = search(model, cl, tr, top=1, searcher="exhaustive", fix=fix)
     finally:
-        ex.RESPLITS = old
+        ex.RESPLITS, ex.RESPLIT_SHAPES = old
     assert res.best.step_time_s < 0.95 * even.best.step_time_s  # 3.65 s against 4.08 s
     assert res.best.step_time_s == pytest.approx(dp.best.step_time_s, rel=1e-9)
     assert any("re-split" in n for n in res.notes)

@@ -7,7 +7,8 @@ of their bound, until no bound can beat the K-th best exact time, so the top K a
 (Fagin-style threshold stopping). Uneven layer splits carry the closed-form estimate of the
 mean stage (``simulate`` runs the event simulation for them); they are re-simulated when they
 reach the finalists. When the model's layers differ in cost (``uneven_layer_costs``) the
-``RESPLITS`` fastest pipelined plans are also re-split by the exact layer-partition DP
+``RESPLITS`` fastest pipelined plans, and the fastest of each of the ``RESPLIT_SHAPES``
+fastest parallel shapes, are also re-split by the exact layer-partition DP
 (``dp.resplit``), as the dp searcher does for more of them. Times in seconds.
 """
 
@@ -145,6 +146,8 @@ def oom_reasons(space: PlanSpace, peak_gib: np.ndarray, worst: np.ndarray,
 
 RESPLITS = 4
 """Pipelined finalists the exhaustive searcher re-splits when layers differ in cost."""
+RESPLIT_SHAPES = 8
+"""And the fastest plan of each of this many pipelined parallel shapes (``resplit_finalists``)."""
 
 
 def uneven_layer_costs(model: ModelSpec) -> bool:
@@ -204,7 +207,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
                       space: PlanSpace | None = None) -> SearchResult:
     """Rank every legal plan; return the ``top`` fastest that fit, as exact StepReports.
     With a ``trainer``, only plans it can express, priced as it runs them. For models whose
-    layers differ in cost, the ``RESPLITS`` fastest pipelined plans are re-split by the
+    layers differ in cost, the ``RESPLITS`` fastest pipelined plans (and shapes) are re-split by the
     layer-partition DP too (plans below them keep their near-even split). ``space``: the
     plans already built for these arguments (``build_space`` / ``derive_space``).
 
@@ -248,9 +251,9 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
         # pipelined plans get the exact layer-partition DP (the dp searcher runs it on 48).
         from paraplan.search.dp.resplit import resplit_finalists
 
-        more, resplit = resplit_finalists(space, ev, RESPLITS, trainer,
-                                          {json.dumps(r.plan, sort_keys=True)
-                                           for r in reports})
+        seen = {json.dumps(r.plan, sort_keys=True) for r in reports}
+        more, resplit = resplit_finalists(space, ev, RESPLITS, trainer, seen,
+                                          shapes=RESPLIT_SHAPES)
         reports = sorted(reports + more, key=rank_key)[:top]
         if resplit:
             notes.append(f"{resplit} pipelined plans re-split by the exact layer-partition DP "

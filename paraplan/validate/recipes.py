@@ -29,7 +29,13 @@ from typing import Any
 import numpy as np
 
 from paraplan.search.dp.resplit import best_split, resplit_finalists
-from paraplan.search.exhaustive import RESPLITS, rank_key, top_k, uneven_layer_costs
+from paraplan.search.exhaustive import (
+    RESPLIT_SHAPES,
+    RESPLITS,
+    rank_key,
+    top_k,
+    uneven_layer_costs,
+)
 from paraplan.search.moe_runs import moe_runs, run_fields, run_label
 from paraplan.search.space import evaluate_space
 from paraplan.search.space.build import run_spaces
@@ -125,7 +131,8 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         times.append(ev.step_time_s[ok])
         if uneven_layer_costs(model):  # as best's exhaustive searcher: the exact layer split
             more, _ = resplit_finalists(space, ev, RESPLITS, trainer,
-                                        {json.dumps(r.plan, sort_keys=True) for r in found})
+                                        {json.dumps(r.plan, sort_keys=True) for r in found},
+                                        shapes=RESPLIT_SHAPES)
             for rep in more:
                 if model.is_moe:
                     rep.extra.update(run_fields(run))

@@ -1,6 +1,7 @@
 """Re-split the fastest pipelined plans of an evaluated space with the exact layer-partition
 DP (:func:`optimal_layer_split`): the dp searcher does it for 48 finalists, the exhaustive
-searcher for 4 when the model's layers differ in cost."""
+searcher for 4 and the fastest plan of each of the 8 fastest parallel shapes when the
+model's layers differ in cost."""
 
 from __future__ import annotations
 
@@ -20,15 +21,31 @@ from paraplan.specs.training import TrainingSpec
 
 
 def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
-                      trainer: TrainerSpec | None, seen: set[str]) -> tuple[list[StepReport], int]:
+                      trainer: TrainerSpec | None, seen: set[str], *, shapes: int = 0
+                      ) -> tuple[list[StepReport], int]:
     """The ``candidates`` fastest non-interleaved pipelined plans of an evaluated space whose
-    even split needs at most 25% more memory than the GPU has, re-split by
-    :func:`optimal_layer_split` and simulated: (the feasible reports whose plan is not in
-    ``seen``, how many plans were re-split). None where the trainer splits layers evenly."""
+    even split needs at most 25% more memory than the GPU has, plus the fastest plan of each
+    of the ``shapes`` fastest parallel shapes (tp, pp, cp, ep, etp, sequence parallelism,
+    schedule) among them, re-split by :func:`optimal_layer_split` and simulated: (the
+    feasible reports whose plan is not in ``seen``, how many plans were re-split). None
+    where the trainer splits layers evenly.
+
+    The shapes: the even split ranks a shape by how badly it fits the costly layers, not by
+    what its re-split reaches (a 16-stage pipeline whose last stage also holds the MTP
+    module and the LM head runs far behind its re-split), so the fastest rows alone can all
+    be variants (ZeRO stage, micro-batch, recompute) of the few shapes the even split suits."""
     model, cluster, training, c = space.model, space.cluster, space.training, space.cols
     pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
     rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
-    rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")][:candidates]
+    rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")]
+    picked = rows[:candidates]
+    if shapes and len(rows):
+        shape = np.stack([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp", "sched")],
+                         axis=1)
+        _, first = np.unique(shape, axis=0, return_index=True)
+        extra = rows[np.sort(first)][:shapes]
+        picked = np.concatenate([picked, extra[~np.isin(extra, picked)]])
+    rows = picked
     if trainer is not None and not trainer.can.uneven_layers:
         rows = rows[:0]
     out: list[StepReport] = []
