@@ -83,6 +83,9 @@ def test_resplit_takes_the_fastest_plan_of_each_fast_shape():
     assert both == min(3, len(np.unique(np.stack(
         [c[k][pipelined] for k in ("tp", "pp", "cp", "ep", "etp", "sp", "sched")], axis=1),
         axis=0)))
+    # Shapes the fastest rows already cover are not taken again.
+    _, top_and_new = resplit_finalists(space, ev, 1, None, set(), shapes=2)
+    assert top_and_new == 3
 
 
 def test_layers_of_unequal_cost_get_the_exact_split():

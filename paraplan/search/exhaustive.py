@@ -7,8 +7,8 @@ of their bound, until no bound can beat the K-th best exact time, so the top K a
 (Fagin-style threshold stopping). Uneven layer splits carry the closed-form estimate of the
 mean stage (``simulate`` runs the event simulation for them); they are re-simulated when they
 reach the finalists. When the model's layers differ in cost (``uneven_layer_costs``) the
-``RESPLITS`` fastest pipelined plans, and the fastest of each of the ``RESPLIT_SHAPES``
-fastest parallel shapes, are also re-split by the exact layer-partition DP
+``RESPLITS`` fastest pipelined plans, and the fastest of each of ``RESPLIT_SHAPES`` more
+parallel shapes, are also re-split by the exact layer-partition DP
 (``dp.resplit``), as the dp searcher does for more of them. Times in seconds.
 """
 
@@ -146,8 +146,9 @@ def oom_reasons(space: PlanSpace, peak_gib: np.ndarray, worst: np.ndarray,
 
 RESPLITS = 4
 """Pipelined finalists the exhaustive searcher re-splits when layers differ in cost."""
-RESPLIT_SHAPES = 8
-"""And the fastest plan of each of this many pipelined parallel shapes (``resplit_finalists``)."""
+RESPLIT_SHAPES = 4
+"""And the fastest plan of each of this many more pipelined parallel shapes, beyond those of
+the ``RESPLITS`` plans (``resplit_finalists``)."""
 
 
 def uneven_layer_costs(model: ModelSpec) -> bool:

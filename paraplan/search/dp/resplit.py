@@ -1,7 +1,7 @@
 """Re-split the fastest pipelined plans of an evaluated space with the exact layer-partition
 DP (:func:`optimal_layer_split`): the dp searcher does it for 48 finalists, the exhaustive
-searcher for 4 and the fastest plan of each of the 8 fastest parallel shapes when the
-model's layers differ in cost."""
+searcher for 4 and the fastest plan of each of 4 more parallel shapes when the model's
+layers differ in cost."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from paraplan.search.dp.layer_split import optimal_layer_split
 from paraplan.search.space import Evaluation, PlanSpace
+from paraplan.search.space.keys import key_index
 from paraplan.simulator.step import StepReport, even_split, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -26,9 +27,9 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     """The ``candidates`` fastest non-interleaved pipelined plans of an evaluated space whose
     even split needs at most 25% more memory than the GPU has, plus the fastest plan of each
     of the ``shapes`` fastest parallel shapes (tp, pp, cp, ep, etp, sequence parallelism,
-    schedule) among them, re-split by :func:`optimal_layer_split` and simulated: (the
-    feasible reports whose plan is not in ``seen``, how many plans were re-split). None
-    where the trainer splits layers evenly.
+    schedule) those rows do not already cover, re-split by :func:`optimal_layer_split` and
+    simulated: (the feasible reports whose plan is not in ``seen``, how many plans were
+    re-split). None where the trainer splits layers evenly.
 
     The shapes: the even split ranks a shape by how badly it fits the costly layers, not by
     what its re-split reaches (a 16-stage pipeline whose last stage also holds the MTP
@@ -40,11 +41,13 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")]
     picked = rows[:candidates]
     if shapes and len(rows):
-        shape = np.stack([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp", "sched")],
-                         axis=1)
-        _, first = np.unique(shape, axis=0, return_index=True)
-        extra = rows[np.sort(first)][:shapes]
-        picked = np.concatenate([picked, extra[~np.isin(extra, picked)]])
+        uniq, code = key_index([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp",
+                                                      "sched")])
+        first = np.empty(len(uniq), dtype=np.int64)
+        first[code[::-1]] = np.arange(len(rows) - 1, -1, -1)  # each shape's fastest row
+        first = np.sort(first)  # fastest shapes first
+        new = first[~np.isin(code[first], code[:len(picked)])][:shapes]
+        picked = np.concatenate([picked, rows[new]])
     rows = picked
     if trainer is not None and not trainer.can.uneven_layers:
         rows = rows[:0]
