@@ -193,6 +193,23 @@ def test_gradient_accumulation_pass_bytes_by_trainer():
     assert accumulation_time(1e9, bf16, ParallelPlan(zero_stage=2), dev) == 0.0
 
 
+def test_gradient_buckets_grow_with_the_data_parallel_size():
+    """Megatron-Core's default bucket is max(40M, 1M x dp) parameters, so a ZeRO-1 sync over
+    512 ranks pays the ring latency on 8 buckets of a 4B-parameter shard, not 100."""
+    from paraplan.simulator.dp_sync import grad_sync_parts
+    from paraplan.simulator.memory import dp_bucket_elements
+
+    assert dp_bucket_elements(8) == 40e6 and dp_bucket_elements(512) == 512e6
+    topo = load_cluster("dgx-h100", nodes=64).topology
+    group = tuple(range(512))
+    tr = TrainingSpec(global_batch_size=4096, seq_len=4096)
+    rs, ag = grad_sync_parts(topo, group, MODEL_8B, ParallelPlan(zero_stage=1), tr, 4.096e9)
+    ring = topo.ring(group)
+    latency = 511 * ring.latency_s
+    assert rs == pytest.approx(8 * latency + 511 / 512 * 4.096e9 * tr.grad_reduce_bytes
+                               / (ring.bandwidth_GBps * 1e9))
+
+
 def test_deepspeed_bf16_zero1_all_reduces_the_whole_gradient():
     """DeepSpeed's pipeline engine with the BF16 optimizer all-reduces the fp32 gradient in
     full before its ZeRO-1 step; Megatron's distributed optimizer reduce-scatters it."""

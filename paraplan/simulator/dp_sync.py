@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes
-from paraplan.simulator.memory import DDP_BUCKET_ELEMENTS
+from paraplan.simulator.memory import dp_bucket_elements
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -22,7 +22,8 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
                     plan: ParallelPlan, training: TrainingSpec, count: float, *,
                     gather_bytes: float | None = None) -> tuple[float, float]:
     """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
-    in DDP/Megatron buckets of ``DDP_BUCKET_ELEMENTS`` (each pays the ring latency).
+    in DDP/Megatron buckets (``memory.dp_bucket_elements``: Megatron-Core's max(40M, 1M x
+    ranks) parameters), each paying the ring latency.
 
     DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
     parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
@@ -44,7 +45,7 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         return 0.0, 0.0
     if gather_bytes is None:
         gather_bytes = training.param_gather_bytes(plan.dp or len(group))
-    buckets = max(1.0, count / DDP_BUCKET_ELEMENTS)
+    buckets = max(1.0, count / float(dp_bucket_elements(len(group))))
     grad_bytes = effective_grad_bytes(model, training, plan)
 
     def all_reduce(nbytes: float) -> float:

@@ -15,6 +15,9 @@ All results are bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from paraplan.simulator import moe as routing
 from paraplan.specs.model import ModelSpec
@@ -34,6 +37,16 @@ ALLOCATOR_FRAGMENTATION = 0.07
 # Gradient-reduction bucket of PyTorch DDP / Megatron's DDP (~40M elements): buffers in memory
 # and the unit each overlapped all-reduce works on.
 DDP_BUCKET_ELEMENTS = 40e6
+# Megatron-Core grows the bucket with the data-parallel size, "larger DP sizes need larger
+# buckets to ensure collectives do not become latency-bound": bucket_size = max(40000000,
+# 1000000 * dp_size) parameters (megatron/core/distributed/distributed_data_parallel.py).
+BUCKET_ELEMENTS_PER_RANK = 1e6
+
+
+def dp_bucket_elements(ranks: Any) -> Any:
+    """Parameters per gradient-reduction bucket over ``ranks`` data-parallel ranks (a number
+    or an array): Megatron-Core's default, max(40M, 1M x ranks)."""
+    return np.maximum(DDP_BUCKET_ELEMENTS, BUCKET_ELEMENTS_PER_RANK * ranks)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from paraplan.simulator.layer import (
     unpartnered_share,
 )
 from paraplan.simulator.memory import (
-    DDP_BUCKET_ELEMENTS,
     GiB,
     StageMemory,
+    dp_bucket_elements,
     moe_layers_in,
     params_per_stage,
     pipeline_memory,
@@ -258,7 +258,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             eg, ep_ = grad_sync_parts(topo, edp_group, model, plan, training, experts,
                                       gather_bytes=cbytes)
             grads, params = grads + eg, params + ep_
-        buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
+        buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(len(dp_group))))
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
 
         def exposed(sync: float) -> float:

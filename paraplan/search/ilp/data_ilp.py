@@ -20,7 +20,7 @@ from paraplan.search.ilp.context import Choice, Ctx
 from paraplan.search.ilp.results import DataGroup, IlpCandidate, SolveRecord
 from paraplan.simulator.compute import Device
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
-from paraplan.simulator.memory import DDP_BUCKET_ELEMENTS, params_per_stage
+from paraplan.simulator.memory import dp_bucket_elements, params_per_stage
 from paraplan.simulator.step import StepReport, bucketed_grad_sync, even_split, simulate
 from paraplan.specs.cluster import ClusterSpec, NodeGroup
 from paraplan.specs.plan import ParallelPlan
@@ -60,7 +60,7 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
                                    strict=True)]
     crit = max(range(len(times)), key=lambda r: times[r])
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
-    buckets = max(1.0, (dense + experts) / DDP_BUCKET_ELEMENTS)
+    buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(len(union))))
     sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
                               dense + experts)
     dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)
