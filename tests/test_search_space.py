@@ -46,7 +46,7 @@ CASES = (
     ("llama3-8b", "dgx-b200", 1, 64, 4096, {"precision": "fp8", "loss_kernels": "one_kernel",
                                            "logit_metric_passes": 2}),
     # DeepSpeed's BF16 optimizer: a pass adding the 16-bit gradients into fp32 ones after
-    # every backward (compute.accumulation_bytes_per_param), none under ZeRO-2/3
+    # every backward (grads.accumulation_bytes_per_param), none under ZeRO-2/3
     # and its ZeRO-1 that all-reduces the whole fp32 gradient (dp_sync.grad_sync_parts)
     ("gpt3-2.7b", "dgx-a100-80gb", 2, 256, 2048, {"grad_accumulation": "fp32_add",
                                                    "grad_reduce_fp32": True,
@@ -83,6 +83,31 @@ def test_evaluator_agrees_with_simulate(case: int, pick: int) -> None:
     assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
     for key, val in rep.time_s.items():
         assert ev.time[key][i] == pytest.approx(val, rel=1e-6, abs=1e-9 * rep.step_time_s)
+
+
+def test_evaluator_agrees_with_simulate_on_dp_sized_buckets(monkeypatch) -> None:
+    """Gradient buckets grow with the data-parallel size (Megatron-Core: max(40M, 1M x dp));
+    at these sizes only a larger per-rank share shows it, on dense and expert buffers alike,
+    with CP, overlapped or not."""
+    import paraplan.simulator.memory as memory
+
+    monkeypatch.setattr(memory, "BUCKET_ELEMENTS_PER_RANK", 30e6)
+    model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    for overlap in (True, False):
+        tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+        fix = f"cp=2,overlap_grad_reduce={int(overlap)}"
+        space = build_space(model, cl, tr, fix=parse_fix(fix),
+                            options=SpaceOptions(max_micro_batch=2))
+        ev = evaluate_space(space, times_for_oom=True)
+        rng = np.random.default_rng(7)
+        rows = [i for i in rng.permutation(len(space)).tolist()
+                if space.cols["zero"][i] in (0, 1, 2) and not space.cols["uneven"][i]][:25]
+        assert rows
+        for i in rows:
+            rep = simulate(model, cl, tr, space.plan(i), time_if_oom=True)
+            assert ev.time["dp_comm"][i] == pytest.approx(rep.time_s["dp_comm"], rel=1e-6,
+                                                          abs=1e-12)
+            assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
 
 
 def test_every_plan_in_the_space_is_legal() -> None:

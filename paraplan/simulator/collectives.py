@@ -18,8 +18,9 @@ inside nodes (the NCCL/Horovod hierarchy); the cheaper of ring and hierarchy is 
 picks algorithms by size; reduce-scatter and all-gather have no tree or hierarchy in NCCL (its
 docs list Ring for both, plus NVLS/CollNet in a switch domain and PAT for one GPU per node), so
 they run as rings. B and alpha come from ``Topology.ring`` (B: the bottleneck edge, link
-efficiency included; alpha: the mean hop latency, as NCCL's tuning model sums the ring's hop
-latencies); kinds other than all-reduce scale B by the cluster's measured
+efficiency included; alpha: the mean hop latency for rings, as NCCL's tuning model sums the
+ring's hop latencies, the slowest hop's for each tree level); kinds other than all-reduce
+scale B by the cluster's measured
 ``collective_efficiency`` (1 unless a profile says otherwise). Times in seconds, sizes in
 bytes.
 """
@@ -99,7 +100,7 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
         if ring.num_nodes > 1:
             # NCCL's double binary tree spans nodes (a chain inside each node), so its log
             # latency only helps across nodes.
-            best = min(best, tree_all_reduce(nbytes, n, bw, lat))
+            best = min(best, tree_all_reduce(nbytes, n, bw, ring.tree_latency_s))
         hier = topology.hierarchical(group)
         if hier.intra is not None and hier.inter is not None:
             k = hier.gpus_per_node
@@ -113,7 +114,7 @@ def group_collective(topology: Topology, group: Sequence[int], kind: str, nbytes
     if kind == "all_to_all":
         return pairwise_all_to_all(topology, group, nbytes)
     if kind == "broadcast":
-        return broadcast(nbytes, n, bw * kind_efficiency(topology, kind), lat)
+        return broadcast(nbytes, n, bw * kind_efficiency(topology, kind), ring.tree_latency_s)
     raise ValueError(f"unknown collective {kind!r}")
 
 
@@ -275,7 +276,7 @@ def collective_lines(topology: Topology, group: Sequence[int], kind: str,
     if kind == "all_reduce":
         lines = [(2 * (n - 1) * lat, 2 * (n - 1) / n / bw)]
         if ring.num_nodes > 1:
-            lines.append((2 * math.ceil(math.log2(n)) * lat, 2 / bw))
+            lines.append((2 * math.ceil(math.log2(n)) * ring.tree_latency_s, 2 / bw))
         hier = topology.hierarchical(group)
         if hier.intra is not None and hier.inter is not None:
             k, nn = hier.gpus_per_node, hier.num_nodes
@@ -292,5 +293,6 @@ def collective_lines(topology: Topology, group: Sequence[int], kind: str,
     if kind in ("all_gather", "reduce_scatter"):
         return [((n - 1) * lat, (n - 1) / n / (bw * kind_efficiency(topology, kind)))]
     if kind == "broadcast":
-        return [(math.ceil(math.log2(n)) * lat, 1 / (bw * kind_efficiency(topology, kind)))]
+        return [(math.ceil(math.log2(n)) * ring.tree_latency_s,
+                 1 / (bw * kind_efficiency(topology, kind)))]
     raise ValueError(f"unknown collective {kind!r}")

@@ -23,7 +23,8 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
                     gather_bytes: float | None = None) -> tuple[float, float]:
     """Seconds to synchronise ``count`` parameters' gradients over ``group`` without ZeRO-3,
     in DDP/Megatron buckets (``memory.dp_bucket_elements``: Megatron-Core's max(40M, 1M x
-    ranks) parameters), each paying the ring latency.
+    dp) parameters; one bucket when the reduction is not overlapped, as Megatron sets
+    ``bucket_size = None`` then), each paying the collective's latency.
 
     DDP all-reduces the gradients (with ``plan.dp_algorithm`` ps / sharded_ps: through a
     parameter server or DT-FM's sharded one instead of NCCL's collectives). ZeRO-1/2
@@ -45,7 +46,10 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         return 0.0, 0.0
     if gather_bytes is None:
         gather_bytes = training.param_gather_bytes(plan.dp or len(group))
-    buckets = max(1.0, count / float(dp_bucket_elements(len(group))))
+    # Megatron-Core sizes buckets by the data-parallel size (without CP; expert buffers
+    # alike) and reduces in one bucket when the reduction is not overlapped.
+    buckets = max(1.0, count / float(dp_bucket_elements(plan.dp or len(group)))) \
+        if plan.overlap_grad_reduce else 1.0
     grad_bytes = effective_grad_bytes(model, training, plan)
 
     def all_reduce(nbytes: float) -> float:
@@ -55,6 +59,13 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
             return buckets * coll.ps_all_reduce(topo, group, nbytes / buckets)
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
 
+    if plan.zero_stage == 1 and training.zero1_grad_all_reduce:
+        # DeepSpeed's bf16 pipeline engine: the whole gradient, then the updated parameters.
+        return (all_reduce(count * grad_bytes),
+                0.5 * all_reduce(count * gather_bytes) / coll.kind_efficiency(topo, "all_gather")
+                if plan.dp_algorithm in ("ps", "sharded_ps")
+                else buckets * coll.group_collective(topo, group, "all_gather",
+                                                     count * gather_bytes / buckets))
     if plan.zero_stage in (1, 2):
         if plan.dp_algorithm in ("ps", "sharded_ps"):
             # A parameter server has no reduce-scatter of its own: half of its all-reduce
@@ -67,8 +78,6 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         def ring(kind: str, nbytes: float) -> float:
             return buckets * coll.group_collective(topo, group, kind, nbytes / buckets)
 
-        grads = (all_reduce(count * grad_bytes)  # DeepSpeed's bf16 pipeline engine
-                 if plan.zero_stage == 1 and training.zero1_grad_all_reduce
-                 else ring("reduce_scatter", count * grad_bytes))
-        return grads, ring("all_gather", count * gather_bytes)
+        return ring("reduce_scatter", count * grad_bytes), ring("all_gather",
+                                                               count * gather_bytes)
     return all_reduce(count * grad_bytes), 0.0

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.training import TrainingSpec
+from paraplan.specs.training import DTYPE_BYTES, TrainingSpec
 
 if TYPE_CHECKING:
     from paraplan.simulator.compute import Device
 
-FP32_BYTES = 4
+FP32_BYTES = DTYPE_BYTES["fp32"]
 
 
 def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -50,8 +50,10 @@ def accumulation_bytes_per_param(training: TrainingSpec) -> float:
     kind = training.grad_accumulation or ("eager" if training.kernels == "eager" else "fused")
     if kind == "eager":
         return 3.0 * training.compute_bytes
-    if kind == "fp32_add":
+    if kind == "fp32_add" and training.compute_bytes < FP32_BYTES:
         return training.compute_bytes + 4.0 * FP32_BYTES
+    if kind == "fp32_add":  # fp32 training: no cast, an in-place add
+        return 3.0 * FP32_BYTES
     return 0.0
 
 

@@ -34,8 +34,8 @@ NCCL_BUFFER_BYTES = 0.5 * GiB
 # The caching allocator reserves more than it hands out (fragmentation); PyTorch's memory
 # docs and torchtitan's reserved-vs-active logs put this at roughly 5-10% of the peak.
 ALLOCATOR_FRAGMENTATION = 0.07
-# Gradient-reduction bucket of PyTorch DDP / Megatron's DDP (~40M elements): buffers in memory
-# and the unit each overlapped all-reduce works on.
+# Gradient-reduction bucket of PyTorch DDP / Megatron's DDP (40M elements): the smallest bucket
+# (``dp_bucket_elements``) and the bucket buffer counted in memory.
 DDP_BUCKET_ELEMENTS = 40e6
 # Megatron-Core grows the bucket with the data-parallel size, "larger DP sizes need larger
 # buckets to ensure collectives do not become latency-bound": bucket_size = max(40000000,
@@ -45,7 +45,8 @@ BUCKET_ELEMENTS_PER_RANK = 1e6
 
 def dp_bucket_elements(ranks: Any) -> Any:
     """Parameters per gradient-reduction bucket over ``ranks`` data-parallel ranks (a number
-    or an array): Megatron-Core's default, max(40M, 1M x ranks)."""
+    or an array): Megatron-Core's default, max(40M, 1M x ranks) (distributed_data_parallel.py
+    sizes it by the data-parallel group without CP, for the expert buffers too)."""
     return np.maximum(DDP_BUCKET_ELEMENTS, BUCKET_ELEMENTS_PER_RANK * ranks)
 
 

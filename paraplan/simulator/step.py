@@ -229,7 +229,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         if len(dp_group) <= 1 and edp <= 1:
             return 0.0, 0.0
 
-        # Collectives run at their real granularity: DDP/Megatron buckets of ~40M elements,
+        # Collectives run at their real granularity: DDP/Megatron buckets (max(40M, 1M x dp)),
         # FSDP one unit per transformer layer; each pays the ring's per-step latency.
         def chunked(kind: str, group: tuple[int, ...], nbytes: float, chunks: float) -> float:
             if nbytes <= 0:
@@ -258,7 +258,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             eg, ep_ = grad_sync_parts(topo, edp_group, model, plan, training, experts,
                                       gather_bytes=cbytes)
             grads, params = grads + eg, params + ep_
-        buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(len(dp_group))))
+        buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(dp)))
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
 
         def exposed(sync: float) -> float:

@@ -60,6 +60,16 @@ class RingCost:
     tier: str
     num_nodes: int
     max_gpus_per_node: int
+    slowest_hop_latency_s: float | None = None
+    """The slowest edge's latency (None: ``latency_s``). A tree pays it at every level: each
+    level above the node crosses a node boundary (NCCL's tree latency counts ``interLat`` per
+    level, src/graph/tuning.cc)."""
+
+    @property
+    def tree_latency_s(self) -> float:
+        """Per-level latency of a tree or pipelined broadcast over this group, seconds."""
+        return self.latency_s if self.slowest_hop_latency_s is None \
+            else self.slowest_hop_latency_s
 
 
 @dataclass(frozen=True)
@@ -288,7 +298,7 @@ class Topology:
         bw, lat, tier = self._pairs(arr, nxt, shared=True, k_per_node=k)
         worst = int(np.argmin(bw))
         return RingCost(n, float(bw[worst]), float(lat.mean()), TIERS[int(tier.max())],
-                        int(nodes.size), k_max)
+                        int(nodes.size), k_max, float(lat.max()))
 
     def p2p_ring(self, group: Sequence[int]) -> RingCost:
         """Bottleneck of a ring of point-to-point sends, each rank to the next (context
@@ -338,8 +348,8 @@ class Topology:
                           dtype=float)
             bw, lat, tier = self._pairs(leaders, np.roll(leaders, -1), shared=True,
                                         k_per_node=kk)
-            inter = RingCost(int(leaders.size), float(bw.min()), float(lat.max()),
-                             TIERS[int(tier.max())], int(nodes.size), 1)
+            inter = RingCost(int(leaders.size), float(bw.min()), float(lat.mean()),
+                             TIERS[int(tier.max())], int(nodes.size), 1, float(lat.max()))
         return HierarchicalCost(k, int(nodes.size), intra, inter)
 
     # ---- explicit graph --------------------------------------------------------------------

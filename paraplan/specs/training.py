@@ -76,7 +76,7 @@ class TrainingSpec(StrictModel):
     pipeline engine with its BF16 optimizer (pipe/engine.py ``_bf16_reduce_grads``)."""
     grad_accumulation: Literal["fused", "eager", "fp32_add"] | None = None
     """How each micro-batch's weight gradients reach the gradient buffer
-    (``compute.accumulation_time``): ``fused`` (the weight-gradient GEMM accumulates into the
+    (``grads.accumulation_time``): ``fused`` (the weight-gradient GEMM accumulates into the
     buffer, Megatron's ``gradient_accumulation_fusion``), ``eager`` (PyTorch ``AccumulateGrad``
     adds each new 16-bit gradient into the buffer: read both, write one), ``fp32_add``
     (DeepSpeed's BF16 optimizer: after every backward, ``hp_grad.add_(lp.grad.to(fp32))`` adds

@@ -43,8 +43,7 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     if shapes and len(rows):
         uniq, code = key_index([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp",
                                                       "sched")])
-        first = np.empty(len(uniq), dtype=np.int64)
-        first[code[::-1]] = np.arange(len(rows) - 1, -1, -1)  # each shape's fastest row
+        _, first = np.unique(code, return_index=True)  # each shape's fastest row
         first = np.sort(first)  # fastest shapes first
         new = first[~np.isin(code[first], code[:len(picked)])][:shapes]
         picked = np.concatenate([picked, rows[new]])

@@ -48,10 +48,11 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
                    union: tuple[int, ...]) -> float:
     """Exposed data-parallel synchronisation when the gradients of all types are all-reduced
     together and ``group`` finishes its backward last (seconds): ``simulate``'s own rule
-    (``bucketed_grad_sync``: DDP buckets of 40M elements over the data-parallel ranks of stage
-    0, overlapped with the first stage's backward of one micro-batch, NCCL slowing the
-    overlapped compute) applied to ``union``, the stage-0 data-parallel ranks of all types
-    on ``cluster``. With one type it is exactly what ``simulate`` charges."""
+    (``bucketed_grad_sync``: DDP buckets of max(40M, 1M x dp) elements over the
+    data-parallel ranks of stage 0, overlapped with the first stage's backward of one
+    micro-batch, NCCL slowing the overlapped compute) applied to ``union``, the stage-0
+    data-parallel ranks of all types on ``cluster``. With one type it is exactly what
+    ``simulate`` charges."""
     rep, plan = group.report, group.plan
     if len(union) < 2:
         return 0.0
@@ -60,7 +61,7 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
                                    strict=True)]
     crit = max(range(len(times)), key=lambda r: times[r])
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
-    buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(len(union))))
+    buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(plan.dp or len(union))))
     sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
                               dense + experts)
     dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)

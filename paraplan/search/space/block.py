@@ -234,20 +234,20 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     rs_grads = z12 & ~((z == 1) & training.zero1_grad_all_reduce)
 
     def _reduce(ar_l: np.ndarray, rs_l: np.ndarray, ag_l: np.ndarray, count: np.ndarray,
-                pbytes: np.ndarray | float, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                pbytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
-        buckets = count / dp_bucket_elements(ranks)
+        buckets = count / dp_bucket_elements(dp) if ctx.overlap else np.ones_like(count)
         lines = np.where(rs_grads[:, None, None], rs_l, ar_l)  # one line set per plan
         grads = _chunked(lines, count * gb, buckets)
         return grads, np.where(z12, _chunked(ag_l, count * pbytes, buckets), 0.0)
 
-    g_part, p_part = _reduce(ctx.ar[g], ctx.rs[g], ctx.ag[g], dense0, gbytes, dp * cp)
+    g_part, p_part = _reduce(ctx.ar[g], ctx.rs[g], ctx.ag[g], dense0, gbytes)
     if model.is_moe:
         e = ctx.einv[idx]
         has = exp0 != 0
         gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
         scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
-        eg, ep_ = _reduce(ctx.ear[e], ctx.ers[e], ctx.eag[e], exp0, cb, e_dp)
+        eg, ep_ = _reduce(ctx.ear[e], ctx.ers[e], ctx.eag[e], exp0, cb)
         g_part = g_part + np.where(has, eg, 0.0)
         p_part = p_part + np.where(has, ep_, 0.0)
     sync = g_part + p_part
@@ -256,7 +256,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         + gather / units
     if ctx.overlap:
         window = b[:, 0]
-        buckets = np.maximum(1.0, (dense0 + exp0) / dp_bucket_elements(dp * cp))
+        buckets = np.maximum(1.0, (dense0 + exp0) / dp_bucket_elements(dp))
 
         def exposed(x: np.ndarray) -> np.ndarray:
             return np.maximum(x - window, x / buckets) + np.minimum(x, window) * ctx.slow

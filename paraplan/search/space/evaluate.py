@@ -113,7 +113,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
 
     # ---- per-layer quantities, once per (tp, cp, sp, mbs, rc, ep, etp, zs) -----------------
     # zs: gradients sharded per micro-batch (ZeRO >= 2), which drops the accumulation pass
-    # (compute.accumulation_time); a constant 0 where the trainer has none (fused kernels).
+    # (grads.accumulation_time); a constant 0 where the trainer has none (fused kernels).
     zs = (c["zero"] >= 2).astype(np.int64) if accumulation_bytes_per_param(training) else \
         np.zeros(n, dtype=np.int64)
     uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"],
