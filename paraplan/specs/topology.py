@@ -48,10 +48,8 @@ class RingCost:
 
     ``bandwidth_GBps`` is the slowest ring edge's effective one-direction bandwidth (GB/s,
     after link efficiency) available to one rank; ``latency_s`` the mean edge latency: a
-    chunk crosses the ring's edges one after another, so its n - 1 steps pay the sum of the
-    hop latencies, each once (NCCL's own model, src/graph/tuning.cc: a ring's latency is
-    (nsteps - nInterSteps) * intraLat + nInterSteps * interLat, inter-node hops only where
-    the ring crosses nodes), not n - 1 times the slowest hop.
+    chunk crosses the edges one after another, paying each hop's latency once (NCCL's model,
+    src/graph/tuning.cc: (nsteps - nInterSteps) * intraLat + nInterSteps * interLat).
     """
 
     n: int
@@ -61,15 +59,13 @@ class RingCost:
     num_nodes: int
     max_gpus_per_node: int
     slowest_hop_latency_s: float | None = None
-    """The slowest edge's latency (None: ``latency_s``). A tree pays it at every level: each
-    level above the node crosses a node boundary (NCCL's tree latency counts ``interLat`` per
-    level, src/graph/tuning.cc)."""
+    """The slowest edge's latency (None: ``latency_s``), which a tree pays at every level
+    (NCCL's tree model counts ``interLat`` per level above the node)."""
 
     @property
     def tree_latency_s(self) -> float:
         """Per-level latency of a tree or pipelined broadcast over this group, seconds."""
-        return self.latency_s if self.slowest_hop_latency_s is None \
-            else self.slowest_hop_latency_s
+        return self.slowest_hop_latency_s or self.latency_s
 
 
 @dataclass(frozen=True)
