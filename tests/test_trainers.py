@@ -536,9 +536,13 @@ def test_pytorch_ring_attention_merges_in_fp32():
 
 
 def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
-    # FSDP reshards after every backward, so ZeRO-2 with accumulation all-gathers the
-    # parameters once per micro-batch (m), not once per step (DeepSpeed stage 2). Without
-    # overlap every collective is exposed: the step grows by (m - 1) parameter all-gathers.
+    # FSDP reshards after every backward, so its ZeRO-2 with accumulation all-gathers the
+    # parameters once per micro-batch (m), not once per step (DeepSpeed stage 2), and does so
+    # per layer as ZeRO-3 does (one gather for the forward, one reduce-scatter), prefetched
+    # under that micro-batch's compute. DeepSpeed's stage 2 reduce-scatters m times in
+    # buckets and gathers once; without overlap every bucket is exposed.
+    from paraplan.simulator import collectives as coll
+    from paraplan.simulator.compute import Device
     from paraplan.simulator.dp_sync import grad_sync_parts
     from paraplan.simulator.memory import params_per_stage
 
@@ -550,10 +554,21 @@ def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
     a, b = simulate(model, cluster, once, plan), simulate(model, cluster, again, plan)
     m = a.extra["num_microbatches"]
     assert m == 4
+    topo, group = cluster.topology, tuple(range(16))
     dense, _ = params_per_stage(model, plan, [model.num_layers], 0, [0])
-    _, params = grad_sync_parts(cluster.topology, tuple(range(16)), model, plan, again, dense)
+    grads, params = grad_sync_parts(topo, group, model, plan, once, dense)
     assert params > 0
-    assert b.step_time_s - a.step_time_s == pytest.approx((m - 1) * params, rel=1e-9)
+    assert a.time_s["dp_comm"] == pytest.approx(m * grads + params, rel=1e-9)
+    units = model.num_layers
+    gather = units * coll.group_collective(topo, group, "all_gather",
+                                           dense * again.param_gather_bytes(16) / units)
+    scatter = units * coll.group_collective(topo, group, "reduce_scatter",
+                                            dense * again.grad_reduce_bytes / units)
+    compute = b.extra["stage_forward_s"][0] + b.extra["stage_backward_s"][0]
+    per_mb = gather + scatter
+    slow = Device.of_training(cluster.gpu, again).nccl_slowdown
+    exposed = m * (max(0.0, per_mb - compute) + min(per_mb, compute) * slow) + gather / units
+    assert b.time_s["dp_comm"] == pytest.approx(exposed, rel=1e-9)
     assert load_trainer("torchtitan").runs.zero2_regather is True
     assert load_trainer("deepspeed").runs.zero2_regather is False
 

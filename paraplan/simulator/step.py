@@ -237,16 +237,18 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             chunks = max(1.0, chunks)
             return chunks * coll.group_collective(topo, group, kind, nbytes / chunks)
 
-        if plan.zero_stage == 3:
+        if plan.zero_stage == 3 or (plan.zero_stage == 2 and training.zero2_regather):
             # FSDP: per layer and micro-batch, all-gather the weights for forward and backward,
             # reduce-scatter the gradients; prefetching hides it behind that compute. Recompute
-            # runs inside the backward while its weights are gathered: no extra gather.
+            # runs inside the backward while its weights are gathered: no extra gather. FSDP's
+            # ZeRO-2 (SHARD_GRAD_OP, reshard_after_forward=False; ``zero2_regather``: resharded
+            # after every backward) gathers once per layer and micro-batch, for the forward.
             gather = chunked("all_gather", dp_group, dense * gather_bytes, units)
             scatter = chunked("reduce_scatter", dp_group, dense * grad_bytes, units)
             if experts:
                 gather += chunked("all_gather", edp_group, experts * cbytes, units)
                 scatter += chunked("reduce_scatter", edp_group, experts * grad_bytes, units)
-            per_mb = 2 * gather + scatter
+            per_mb = (2 if plan.zero_stage == 3 else 1) * gather + scatter
             compute_mb = t_f[crit] + t_b[crit]
             # Exposed: what compute cannot hide, the first gather, NCCL's SMs while overlapped.
             z3 = m * (max(0.0, per_mb - compute_mb)
@@ -268,12 +270,11 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             return out
 
         # ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
-        # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2;
-        # FSDP without no_sync): m reduce-scatters, each hidden only behind its own backward,
-        # then one parameter all-gather (FSDP: one per micro-batch, ``zero2_regather``).
+        # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2):
+        # m reduce-scatters, each hidden only behind its own backward, then one parameter
+        # all-gather. (FSDP's ZeRO-2 is priced per layer above.)
         if plan.zero_stage == 2 and m > 1:
-            out = (m - 1) * exposed(grads + params * training.zero2_regather) \
-                + exposed(grads + params)
+            out = (m - 1) * exposed(grads) + exposed(grads + params)
         else:
             out = exposed(grads + params)
         return out / plan.dp_sync_interval, 0.0

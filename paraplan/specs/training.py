@@ -86,7 +86,9 @@ class TrainingSpec(StrictModel):
     ``reshard_after_forward=False`` still reshards after each backward (FSDP2
     ``FSDPParamGroup.reshard_after_backward`` defaults to True), so with gradient
     accumulation each micro-batch all-gathers them (torchtitan ``fsdp_reshard_after_forward =
-    "never"``). False: gathered once per step, after the optimizer (DeepSpeed stage 2)."""
+    "never"``). True also means FSDP's granularity: ZeRO-2 gathers and reduce-scatters per
+    layer, as ZeRO-3 does but once per micro-batch (``simulator.step``). False: bucketed, the
+    parameters gathered once per step after the optimizer (DeepSpeed stage 2)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
     """How ring attention (context parallelism) merges its per-step partial results:
     ``fused`` (Transformer Engine ``AttnFuncWithCPAndKVP2P``: in-place 16-bit corrections,

@@ -48,8 +48,6 @@ class Context:
     opt_coef: float
     fsdp_coef: np.ndarray
     """Seconds per parameter per micro-batch of FSDP's copies, by ZeRO stage 0..3."""
-    regather: bool
-    """ZeRO-2 gathers the parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
     overlap: bool
     interval: float
     capacity_bytes: float
@@ -222,7 +220,9 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     dense0, exp0 = dense_r[rows, crit], exp_r[rows, crit]
     units = np.maximum(1.0, layers[crit])
     need = (cp * dp > 1) | (e_dp > 1)
-    z3 = z == 3
+    # FSDP's units: ZeRO-3, and ZeRO-2 where it is FSDP's (it re-gathers every micro-batch:
+    # zero2_regather), gather and reduce-scatter per layer (simulator.step).
+    z3 = (z == 3) | ((z == 2) & training.zero2_regather)
     g = ctx.ginv[idx]
     gb = ctx.grad_bytes[idx]
     gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
@@ -251,7 +251,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         g_part = g_part + np.where(has, eg, 0.0)
         p_part = p_part + np.where(has, ep_, 0.0)
     sync = g_part + p_part
-    per_mb = 2 * gather + scatter
+    per_mb = np.where(z == 3, 2.0, 1.0) * gather + scatter
     z3_exp = m * (np.maximum(0.0, per_mb - fb_c) + np.minimum(per_mb, fb_c) * ctx.slow) \
         + gather / units
     if ctx.overlap:
@@ -265,8 +265,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
             return x
     # ZeRO-2 with m > 1: a reduce-scatter every micro-batch (simulator.step).
     z2m = (z == 2) & (m > 1)
-    again = sync if ctx.regather else g_part  # TrainingSpec.zero2_regather
-    dpt = np.where(z2m, (m - 1) * exposed(again) + exposed(sync), exposed(sync))
+    dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
     dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
     zero3 = np.where(need & z3, z3_exp, 0.0)
     shard = np.where(z >= 1, (dp * cp).astype(float), 1.0)

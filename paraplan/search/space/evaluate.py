@@ -150,7 +150,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
 
     ctx = Context(dev=dev, cb=cb, gather_bytes=float(training.param_gather_bytes(2)),
                   grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
-                  fsdp_coef=fsdp_coef, regather=training.zero2_regather, overlap=overlap,
+                  fsdp_coef=fsdp_coef, overlap=overlap,
                   interval=interval, capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
                   ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
