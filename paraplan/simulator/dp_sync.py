@@ -59,25 +59,17 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
             return buckets * coll.ps_all_reduce(topo, group, nbytes / buckets)
         return buckets * coll.group_collective(topo, group, "all_reduce", nbytes / buckets)
 
+    def half(kind: str, nbytes: float) -> float:
+        """A reduce-scatter or all-gather: a ring in NCCL; through a parameter server, which
+        has none of its own, half of its all-reduce over the library's speed on that kind."""
+        if plan.dp_algorithm in ("ps", "sharded_ps"):
+            return 0.5 * all_reduce(nbytes) / coll.kind_efficiency(topo, kind)
+        return buckets * coll.group_collective(topo, group, kind, nbytes / buckets)
+
+    if plan.zero_stage not in (1, 2):
+        return all_reduce(count * grad_bytes), 0.0
+    params = half("all_gather", count * gather_bytes)
     if plan.zero_stage == 1 and training.zero1_grad_all_reduce:
         # DeepSpeed's bf16 pipeline engine: the whole gradient, then the updated parameters.
-        return (all_reduce(count * grad_bytes),
-                0.5 * all_reduce(count * gather_bytes) / coll.kind_efficiency(topo, "all_gather")
-                if plan.dp_algorithm in ("ps", "sharded_ps")
-                else buckets * coll.group_collective(topo, group, "all_gather",
-                                                     count * gather_bytes / buckets))
-    if plan.zero_stage in (1, 2):
-        if plan.dp_algorithm in ("ps", "sharded_ps"):
-            # A parameter server has no reduce-scatter of its own: half of its all-reduce
-            # each way, over the library's speed on that kind.
-            return (0.5 * all_reduce(count * grad_bytes)
-                    / coll.kind_efficiency(topo, "reduce_scatter"),
-                    0.5 * all_reduce(count * gather_bytes)
-                    / coll.kind_efficiency(topo, "all_gather"))
-
-        def ring(kind: str, nbytes: float) -> float:
-            return buckets * coll.group_collective(topo, group, kind, nbytes / buckets)
-
-        return ring("reduce_scatter", count * grad_bytes), ring("all_gather",
-                                                               count * gather_bytes)
-    return all_reduce(count * grad_bytes), 0.0
+        return all_reduce(count * grad_bytes), params
+    return half("reduce_scatter", count * grad_bytes), params

@@ -50,10 +50,9 @@ def accumulation_bytes_per_param(training: TrainingSpec) -> float:
     kind = training.grad_accumulation or ("eager" if training.kernels == "eager" else "fused")
     if kind == "eager":
         return 3.0 * training.compute_bytes
-    if kind == "fp32_add" and training.compute_bytes < FP32_BYTES:
-        return training.compute_bytes + 4.0 * FP32_BYTES
-    if kind == "fp32_add":  # fp32 training: no cast, an in-place add
-        return 3.0 * FP32_BYTES
+    if kind == "fp32_add":  # the cast (none in fp32 training), then the in-place add
+        cast = training.compute_bytes + FP32_BYTES if training.compute_bytes < FP32_BYTES else 0
+        return cast + 3.0 * FP32_BYTES
     return 0.0
 
 

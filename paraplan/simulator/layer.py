@@ -16,6 +16,7 @@ from paraplan.simulator.compute import (
     gemm_time,
     layer_times,
 )
+from paraplan.simulator.grads import FP32_BYTES
 from paraplan.simulator.loss import lm_head_times
 from paraplan.simulator.pipeline import inflight_microbatches
 from paraplan.specs.model import ModelSpec
@@ -160,7 +161,6 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
 
 CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)
 DEEPEP_SMS = 20  # SMs DeepSeek-V3 gives its dispatch/combine kernels (report sec. 3.2.2)
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")]
     picked = rows[:candidates]
     if shapes and len(rows):
-        uniq, code = key_index([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp",
+        _, code = key_index([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp",
                                                       "sched")])
         _, first = np.unique(code, return_index=True)  # each shape's fastest row
         first = np.sort(first)  # fastest shapes first
