@@ -17,7 +17,7 @@ run on top of them (GPipe, zero-bubble schedules, relaxed synchronization).
 from __future__ import annotations
 
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
-from paraplan.specs.trainer import a2a_overlap_needs
+from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, a2a_overlap_needs
 
 TRAINER = "Megatron-LM"
 VERSION = "core_v0.15"
@@ -237,12 +237,10 @@ def _precision(ctx: ExportContext) -> list[str]:
     if precision == "fp16":
         return [*out, "--fp16"]
     if precision == "fp8":
-        # core_v0.15.3 arguments.py --fp8-recipe {tensorwise, delayed (default), mxfp8,
-        # blockwise}: current scaling is 'tensorwise'; block scaling is written as
-        # 'blockwise' (Hopper and Blackwell; 'mxfp8' is Blackwell's MX format, priced alike).
-        recipe = {"delayed": [], "current": ["--fp8-recipe tensorwise"],
-                  "block": ["--fp8-recipe blockwise"]}[ctx.training.fp8_scaling]
-        return [*out, "--bf16", "--fp8-format hybrid", *recipe]
+        recipe = next(name for name, scaling in MEGATRON_FP8_RECIPES.items()
+                      if scaling == ctx.training.fp8_scaling)
+        flag = [] if recipe == "delayed" else [f"--fp8-recipe {recipe}"]  # delayed: default
+        return [*out, "--bf16", "--fp8-format hybrid", *flag]
     return out  # fp32: Megatron's default
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import MEGATRON_FP8_RECIPES
 
 SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """--data-parallel-sharding-strategy -> ZeRO stage (Megatron-FSDP)."""
@@ -145,12 +146,10 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     training["precision"] = ("fp8" if "--fp8-format" in f else "bf16" if "--bf16" in f
                              else "fp16" if "--fp16" in f else "fp32")
     recipe = _one(f, "--fp8-recipe", "delayed")
-    scaling = {"delayed": "delayed", "tensorwise": "current", "mxfp8": "block",
-               "blockwise": "block"}.get(recipe)
+    scaling = MEGATRON_FP8_RECIPES.get(recipe)
     if scaling is None:
         raise ImportError_(f"--fp8-recipe {recipe!r} is not one paraplan models",
-                           field="--fp8-recipe", value=recipe,
-                           allowed=["delayed", "tensorwise", "mxfp8", "blockwise"])
+                           field="--fp8-recipe", value=recipe, allowed=list(MEGATRON_FP8_RECIPES))
     training["fp8_scaling"] = scaling
     hidden = float(_one(f, "--hidden-dropout", 0.1))
     attention = float(_one(f, "--attention-dropout", 0.1))

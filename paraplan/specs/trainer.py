@@ -23,6 +23,13 @@ from paraplan.specs.model import ModelFeature, ModelSpec
 from paraplan.specs.plan import ParallelPlan, Recompute, Schedule
 from paraplan.specs.training import Precision, TrainingSpec
 
+MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "block",
+                        "mxfp8": "block"}
+"""Megatron-Core's ``--fp8-recipe`` choices (core_v0.15.3 arguments.py; ``delayed`` is the
+default) -> ``TrainingSpec.fp8_scaling``. The first name of each scaling is the one written
+on export: block scaling as ``blockwise`` (Hopper and Blackwell; ``mxfp8`` is Blackwell's MX
+format, priced alike)."""
+
 RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
                   "activation_compression_bits", "pseudo_grad_bits")
 """Plan fields of relaxed synchronization (local SGD, compression): no pinned trainer config
