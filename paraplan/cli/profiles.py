@@ -12,6 +12,7 @@ from rich.table import Table
 from paraplan.cli.common import Format, FormatOpt, console, emit_json, wrote
 from paraplan.cli.inputs import check_output_paths
 from paraplan.specs import SpecError, list_profiles, load_cluster, load_gpu, load_link, load_model
+from paraplan.specs.cluster import power_limit_label
 
 
 def profiles(fmt: FormatOpt = Format.table) -> None:
@@ -183,8 +184,9 @@ def _print_cluster(out: Console, info: dict[str, Any]) -> None:
             if g["intra_node_link"] else "-"
         gpu = g["gpu"]
         if g.get("power_limit_W") is not None:  # compute scaled by the GPU's power curve
-            if f"@{g['power_limit_W']:g}W" not in gpu:
-                gpu += f" @{g['power_limit_W']:g}W"
+            label = power_limit_label(g["power_limit_W"])
+            if label not in gpu:  # a capped node group's GPU carries it in its name
+                gpu += f" {label}"
             gpu += f" x{g['compute_at_power_limit']:.3g}"
         table.add_row(str(g["name"] or "-"), g["region"], gpu, str(g["gpus_per_node"]),
                       str(g["num_nodes"]), intra, g["inter_node_link"], str(g["nics_per_node"]),

@@ -102,6 +102,12 @@ class GemmTable(StrictModel):
         return total
 
 
+def power_limit_label(limit_W: float) -> str:
+    """How a power limit is written after a GPU's name: ``@500W`` (a capped node group's GPU
+    is named so, and ``describe`` shows it)."""
+    return f"@{limit_W:g}W"
+
+
 class GPUSpec(StrictModel):
     """One accelerator type. Peaks are dense (no sparsity) TFLOP/s."""
 

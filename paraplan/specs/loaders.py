@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from paraplan.specs.cluster import ClusterSpec, GemmTable, GPUSpec, LinkSpec
+from paraplan.specs.cluster import ClusterSpec, GemmTable, GPUSpec, LinkSpec, power_limit_label
 from paraplan.specs.errors import SpecError, from_validation_error
 from paraplan.specs.hf_config import model_from_hf_config
 from paraplan.specs.model import ModelSpec
@@ -195,7 +195,7 @@ def _power_limited(gpu: Any, limit: Any, at: str) -> GPUSpec:
         # Its own name: node groups and stages look GPU types up by name, so a capped group
         # must not share one with an uncapped group of the same part.
         return GPUSpec.model_validate({**gpu.model_dump(), "power_limit_W": float(limit),
-                                       "name": f"{gpu.name}@{float(limit):g}W"})
+                                       "name": gpu.name + power_limit_label(float(limit))})
     except ValidationError as exc:
         reason = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ")
                            for e in exc.errors())
