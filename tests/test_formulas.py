@@ -175,18 +175,16 @@ def test_gradient_accumulation_pass_bytes_by_trainer():
     optimizer ``hp_grad.add_(lp.grad.to(fp32))``: read 2 B, write the fp32 copy 4, read it
     and the fp32 buffer 4 + 4, write the buffer 4 = 18 B. None under ZeRO-2/3."""
     from paraplan.simulator.grads import accumulation_bytes_per_param, accumulation_time
-    from paraplan.specs.loaders import load_trainer
-    from paraplan.specs.trainer import trainer_training
 
     tr = TrainingSpec(global_batch_size=64, seq_len=2048)
     assert accumulation_bytes_per_param(tr) == 0.0
     assert accumulation_bytes_per_param(tr.model_copy(update={"kernels": "eager"})) == 6.0
-    ds = load_trainer("megatron-deepspeed-2022")
-    bf16 = trainer_training(ds, tr)
+    bf16 = load_trainer_training("megatron-deepspeed-2022", tr)
     assert bf16.grad_accumulation == "fp32_add" and accumulation_bytes_per_param(bf16) == 18.0
-    fp16 = trainer_training(ds, tr.model_copy(update={"precision": "fp16"}))
+    fp16 = load_trainer_training("megatron-deepspeed-2022",
+                                 tr.model_copy(update={"precision": "fp16"}))
     assert fp16.grad_accumulation == "eager" and accumulation_bytes_per_param(fp16) == 6.0
-    assert trainer_training(load_trainer("megatron-core"), tr).grad_accumulation is None
+    assert load_trainer_training("megatron-core", tr).grad_accumulation is None
     dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")
     secs = accumulation_time(1e9, bf16, ParallelPlan(zero_stage=1), dev)
     assert secs == pytest.approx(18e9 / dev.memory_Bps)
