@@ -310,10 +310,11 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
 
 
 def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
-    """``training`` as the trainer runs it: gradient-reduction dtype, dropout, kernels (fused
-    for fp8 where the trainer compiles fp8 runs), fp8 weight caching and all-gathers,
-    FlashAttention version, FSDP copies and ring-attention merges from the profile, except
-    those the user set."""
+    """``training`` as the trainer runs it: gradient-reduction dtype, gradient accumulation and
+    ZeRO-1's reduction, dropout, kernels (fused for fp8 where the trainer compiles fp8 runs),
+    its loss and logged metrics, fp8 scaling, weight caching and all-gathers, FlashAttention
+    version, FSDP copies and re-gathers, ring-attention merges and MoE dispatch from the
+    profile, except those the user set."""
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
