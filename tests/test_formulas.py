@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from paraplan import ModelSpec, ParallelPlan, TrainingSpec, load_cluster, load_model, parse_plan
@@ -185,6 +186,12 @@ def test_gradient_accumulation_pass_bytes_by_trainer():
                                  tr.model_copy(update={"precision": "fp16"}))
     assert fp16.grad_accumulation == "eager" and accumulation_bytes_per_param(fp16) == 6.0
     assert load_trainer_training("megatron-core", tr).grad_accumulation is None
+    # Megatron without --gradient-accumulation-fusion: main_grad.add_(grad) into the fp32
+    # buffer reads 2 + 4 B and writes 4 B.
+    unfused = tr.model_copy(update={"grad_accumulation": "eager", "grad_reduce_fp32": True})
+    assert accumulation_bytes_per_param(unfused) == 10.0
+    # DeepSpeed's exported bf16 config (fp32 grad_accum_dtype) runs the BF16 optimizer.
+    assert load_trainer_training("deepspeed", tr).grad_accumulation == "fp32_add"
     dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")
     secs = accumulation_time(1e9, bf16, ParallelPlan(zero_stage=1), dev)
     assert secs == pytest.approx(18e9 / dev.memory_Bps)
@@ -198,6 +205,8 @@ def test_gradient_buckets_grow_with_the_data_parallel_size():
     from paraplan.simulator.memory import dp_bucket_elements
 
     assert dp_bucket_elements(8) == 40e6 and dp_bucket_elements(512) == 512e6
+    assert dp_bucket_elements(512, 100_000_000) == 1e8  # --ddp-bucket-size / reduce_bucket_size
+    assert dp_bucket_elements(np.array([8, 512]), 7).tolist() == [7.0, 7.0]
     topo = load_cluster("dgx-h100", nodes=64).topology
     group = tuple(range(512))
     tr = TrainingSpec(global_batch_size=4096, seq_len=4096)
@@ -206,6 +215,9 @@ def test_gradient_buckets_grow_with_the_data_parallel_size():
     latency = 511 * ring.latency_s
     assert rs == pytest.approx(8 * latency + 511 / 512 * 4.096e9 * tr.grad_reduce_bytes
                                / (ring.bandwidth_GBps * 1e9))
+    small = tr.model_copy(update={"ddp_bucket_size": 256_000_000})  # 16 buckets
+    rs16, _ = grad_sync_parts(topo, group, MODEL_8B, ParallelPlan(zero_stage=1), small, 4.096e9)
+    assert rs16 - rs == pytest.approx(8 * latency)
 
 
 def test_deepspeed_bf16_zero1_all_reduces_the_whole_gradient():

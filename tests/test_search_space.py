@@ -88,13 +88,13 @@ def test_evaluator_agrees_with_simulate(case: int, pick: int) -> None:
 def test_evaluator_agrees_with_simulate_on_dp_sized_buckets(monkeypatch) -> None:
     """Gradient buckets grow with the data-parallel size (Megatron-Core: max(40M, 1M x dp));
     at these sizes only a larger per-rank share shows it, on dense and expert buffers alike,
-    with CP, overlapped or not."""
+    with CP, overlapped or not; and a bucket size the run sets (``ddp_bucket_size``)."""
     import paraplan.simulator.memory as memory
 
     monkeypatch.setattr(memory, "BUCKET_ELEMENTS_PER_RANK", 30e6)
     model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
-    for overlap in (True, False):
-        tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+    for overlap, bucket in ((True, None), (False, None), (True, 25_000_000)):
+        tr = TrainingSpec(global_batch_size=256, seq_len=4096, ddp_bucket_size=bucket)
         fix = f"cp=2,overlap_grad_reduce={int(overlap)}"
         space = build_space(model, cl, tr, fix=parse_fix(fix),
                             options=SpaceOptions(max_micro_batch=2))

@@ -44,6 +44,11 @@ def deepspeed_config(ctx: ExportContext) -> dict[str, Any]:
                           field="training.global_batch_size", value=t.global_batch_size)
     if t.precision == "bf16":
         config["bf16"] = {"enabled": True}
+        # fp32 accumulation selects the BF16 optimizer for ZeRO-0/1 (what the deepspeed
+        # profile prices); with ZeRO on, DeepSpeed otherwise accumulates in bf16 in the ZeRO
+        # optimizer, which it warns "is not safe numerically" (runtime/engine.py
+        # get_data_types, _do_optimizer_sanity_check at 38327e0).
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     elif t.precision == "fp16":
         config["fp16"] = {"enabled": True}
     config["zero_optimization"] = {
@@ -52,6 +57,8 @@ def deepspeed_config(ctx: ExportContext) -> dict[str, Any]:
         "contiguous_gradients": True,
         "reduce_scatter": True,
     }
+    if t.ddp_bucket_size is not None:
+        config["zero_optimization"]["reduce_bucket_size"] = t.ddp_bucket_size
     if p.tp > 1:
         config["tensor_parallel"] = {"autotp_size": p.tp}
     if p.pp > 1:

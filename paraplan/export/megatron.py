@@ -217,6 +217,10 @@ def _data_parallel(ctx: ExportContext) -> list[str]:
         out.append("--overlap-grad-reduce")
         if p.zero_stage == 1:
             out.append("--overlap-param-gather")
+    if ctx.training.ddp_bucket_size is not None:
+        out.append(f"--ddp-bucket-size {ctx.training.ddp_bucket_size}")
+    if ctx.training.grad_accumulation == "eager":
+        out.append("--no-gradient-accumulation-fusion")
     if p.virtual_stages > 1 and not p.overlap_p2p_comm:
         out.append("--no-overlap-p2p-communication")  # overlap is Megatron's default
     if p.tp_comm_overlap:

@@ -1,7 +1,8 @@
 """Read a DeepSpeed config JSON (as ``paraplan export --to deepspeed`` writes it) back into a
-plan: the batch triple, ``zero_optimization.stage`` and ``overlap_comm``, AutoTP
-(``tensor_parallel.autotp_size``), the pipeline block (``pipeline.stages``; 1F1B, even
-split) and activation checkpointing (whole layers)."""
+plan: the batch triple, ``zero_optimization.stage``, ``overlap_comm`` and
+``reduce_bucket_size``, AutoTP (``tensor_parallel.autotp_size``), the pipeline block
+(``pipeline.stages``; 1F1B, even split), activation checkpointing (whole layers) and which
+optimizer wrapper accumulates the gradients (``data_types.grad_accum_dtype``)."""
 
 from __future__ import annotations
 
@@ -41,4 +42,34 @@ def read_deepspeed(data: dict[str, Any], path: str = "") -> ImportedConfig:
     enabled = lambda key: bool((data.get(key) or {}).get("enabled"))  # noqa: E731
     training["precision"] = ("bf16" if enabled("bf16") or enabled("bfloat16")
                              else "fp16" if enabled("fp16") else "fp32")
+    if "reduce_bucket_size" in zero_cfg:
+        size = zero_cfg["reduce_bucket_size"]  # DeepSpeed configs often write 5e8
+        if isinstance(size, float) and size.is_integer() and 0 < size <= 1e12:
+            size = int(size)
+        training["ddp_bucket_size"] = as_int(size, "zero_optimization.reduce_bucket_size")
+    if training["precision"] == "bf16":
+        training.update(_bf16_wrapper(data, zero))
     return ImportedConfig("deepspeed", plan, training, {}, path)
+
+
+GRAD_ACCUM_DTYPES = ("fp32", "fp16", "bf16")
+
+
+def _bf16_wrapper(data: dict[str, Any], zero: int) -> dict[str, Any]:
+    """How a bf16 run accumulates and reduces its gradients, as DeepSpeed picks its optimizer
+    wrapper (runtime/engine.py ``get_data_types``, ``_do_optimizer_sanity_check`` at
+    38327e0): ``grad_accum_dtype`` defaults to fp32 without ZeRO and to bf16 with it; fp32
+    with ZeRO-0/1 is the BF16 optimizer (the ``deepspeed`` profile's facts: fp32 adds after
+    every micro-batch, the whole gradient all-reduced); bf16 with ZeRO is the ZeRO optimizer,
+    which lets autograd accumulate ``.grad`` in bf16 and reduces it partitioned."""
+    types = data.get("data_types") or {}
+    if not isinstance(types, dict):
+        raise ImportError_("data_types must be an object", field="data_types")
+    dtype = types.get("grad_accum_dtype") or ("bf16" if zero >= 1 else "fp32")
+    if dtype not in GRAD_ACCUM_DTYPES:
+        raise ImportError_(f"data_types.grad_accum_dtype {dtype!r} is not a dtype DeepSpeed "
+                           "takes", field="data_types.grad_accum_dtype", value=dtype,
+                           allowed=list(GRAD_ACCUM_DTYPES))
+    if dtype == "fp32" and zero <= 1:
+        return {}
+    return {"grad_accumulation": "eager", "zero1_grad_all_reduce": False}

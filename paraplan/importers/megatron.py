@@ -5,8 +5,9 @@ Flags as ``megatron/training/arguments.py`` (core_v0.15) defines them: parallel 
 ``--sequence-parallel``, interleaving (``--num-layers-per-virtual-pipeline-stage`` or
 ``--num-virtual-stages-per-pipeline-rank``), uneven splits (``--decoder-first/last-pipeline-
 num-layers``, ``--pipeline-model-parallel-layout``), batch, recompute, distributed optimizer /
-Megatron-FSDP, the overlaps (absent flag = off, as in Megatron), precision and dropout
-(defaults 0.1).
+Megatron-FSDP, the overlaps (absent flag = off, as in Megatron), gradient buckets
+(``--ddp-bucket-size``) and accumulation (``--no-gradient-accumulation-fusion``), precision
+and dropout (defaults 0.1).
 """
 
 from __future__ import annotations
@@ -156,6 +157,12 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     training["dropout"] = hidden > 0 or attention > 0
     if "--grad-reduce-in-bf16" in f:
         training["grad_reduce_fp32"] = False
+    if "--ddp-bucket-size" in f:
+        training["ddp_bucket_size"] = size("--ddp-bucket-size")
+    if "--no-gradient-accumulation-fusion" in f:
+        # The weight-gradient GEMM writes param.grad and the DDP hook adds it into the fp32
+        # main_grad (core/distributed/distributed_data_parallel.py _make_backward_post_hook).
+        training["grad_accumulation"] = "eager"
     training.update(_moe_facts(f))
     if "--moe-pad-expert-input-to-capacity" in f and "--moe-expert-capacity-factor" in f:
         factor = _one(f, "--moe-expert-capacity-factor")

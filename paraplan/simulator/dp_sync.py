@@ -48,7 +48,8 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         gather_bytes = training.param_gather_bytes(plan.dp or len(group))
     # Megatron-Core sizes buckets by the data-parallel size (without CP; expert buffers
     # alike) and reduces in one bucket when the reduction is not overlapped.
-    buckets = max(1.0, count / float(dp_bucket_elements(plan.dp or len(group)))) \
+    buckets = max(1.0, count / float(dp_bucket_elements(plan.dp or len(group),
+                                                             training.ddp_bucket_size))) \
         if plan.overlap_grad_reduce else 1.0
     grad_bytes = effective_grad_bytes(model, training, plan)
 

@@ -21,9 +21,9 @@ def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: Paral
     """Seconds to add one micro-batch's weight gradients of one layer into the gradient buffer.
 
     Eager autograd (PyTorch DDP, the executor) writes each weight gradient to its own tensor
-    and then ``AccumulateGrad`` adds it into the long-lived buffer: read both, write one,
-    3 x ``compute_bytes`` per parameter per micro-batch, on every micro-batch (DDP's first
-    one copies into the bucket view instead, 2x, which this ignores). Fused stacks write the
+    and then ``AccumulateGrad`` adds it into the long-lived buffer: read both, write one
+    (``accumulation_bytes_per_param``), on every micro-batch (DDP's first one copies into the
+    bucket view instead, which this ignores). Fused stacks write the
     weight-gradient GEMM straight into the fp32 buffer (Megatron's
     ``gradient_accumulation_fusion``, GEMM beta = 1): no extra pass. DeepSpeed's BF16
     optimizer adds the 16-bit gradients into fp32 ones after every backward
@@ -40,8 +40,12 @@ def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: Paral
 
 def accumulation_bytes_per_param(training: TrainingSpec) -> float:
     """Bytes moved per parameter per micro-batch to accumulate its weight gradient
-    (``TrainingSpec.grad_accumulation``; None follows ``kernels``): fused 0; eager 3 x
-    compute_bytes (read the new gradient and the buffer, write the buffer); fp32_add, as
+    (``TrainingSpec.grad_accumulation``; None follows ``kernels``): fused 0; eager
+    compute_bytes + 2 x grad_buffer_bytes (read the new 16-bit gradient, read and write the
+    buffer in its own dtype: PyTorch ``AccumulateGrad`` into a 16-bit ``.grad``, 3 x 2 B, or
+    Megatron without ``--gradient-accumulation-fusion``, whose DDP hook runs
+    ``param.main_grad.add_(param.grad.data)`` into the fp32 buffer, 2 + 2 x 4 B:
+    core/distributed/distributed_data_parallel.py ``_make_backward_post_hook``); fp32_add, as
     DeepSpeed's BF16 optimizer runs ``hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))``
     after every backward (runtime/bf16_optimizer.py ``update_hp_grads``, which
     pipe/engine.py calls after each micro-batch's backward): the cast reads the 16-bit
@@ -49,7 +53,7 @@ def accumulation_bytes_per_param(training: TrainingSpec) -> float:
     the buffer: compute_bytes + 4 * 4."""
     kind = training.grad_accumulation or ("eager" if training.kernels == "eager" else "fused")
     if kind == "eager":
-        return 3.0 * training.compute_bytes
+        return training.compute_bytes + 2.0 * training.grad_buffer_bytes
     if kind == "fp32_add":  # the cast (none in fp32 training), then the in-place add
         cast = training.compute_bytes + FP32_BYTES if training.compute_bytes < FP32_BYTES else 0
         return cast + 3.0 * FP32_BYTES

@@ -43,10 +43,13 @@ DDP_BUCKET_ELEMENTS = 40e6
 BUCKET_ELEMENTS_PER_RANK = 1e6
 
 
-def dp_bucket_elements(ranks: Any) -> Any:
+def dp_bucket_elements(ranks: Any, size: int | None = None) -> Any:
     """Parameters per gradient-reduction bucket over ``ranks`` data-parallel ranks (a number
-    or an array): Megatron-Core's default, max(40M, 1M x ranks) (distributed_data_parallel.py
-    sizes it by the data-parallel group without CP, for the expert buffers too)."""
+    or an array): ``size`` where the run sets one (``TrainingSpec.ddp_bucket_size``), else
+    Megatron-Core's default, max(40M, 1M x ranks) (distributed_data_parallel.py sizes it by
+    the data-parallel group without CP, for the expert buffers too)."""
+    if size is not None:
+        return np.full(np.shape(ranks), float(size)) if np.ndim(ranks) else float(size)
     return np.maximum(DDP_BUCKET_ELEMENTS, BUCKET_ELEMENTS_PER_RANK * ranks)
 
 

@@ -260,7 +260,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             eg, ep_ = grad_sync_parts(topo, edp_group, model, plan, training, experts,
                                       gather_bytes=cbytes)
             grads, params = grads + eg, params + ep_
-        buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(dp)))
+        bucket = float(dp_bucket_elements(dp, training.ddp_bucket_size))
+        buckets = max(1.0, (dense + experts) / bucket)
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
 
         def exposed(sync: float) -> float:

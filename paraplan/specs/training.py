@@ -74,6 +74,12 @@ class TrainingSpec(StrictModel):
     """ZeRO-1 all-reduces the gradients in full (every rank then updates its shard and the
     updated parameters are all-gathered) instead of reduce-scattering them: DeepSpeed's
     pipeline engine with its BF16 optimizer (pipe/engine.py ``_bf16_reduce_grads``)."""
+    ddp_bucket_size: int | None = Field(default=None, gt=0, le=10**12)
+    """Parameters per gradient-reduction bucket (Megatron ``--ddp-bucket-size``, DeepSpeed
+    ``reduce_bucket_size``); None: Megatron-Core's default, max(40M, 1M x dp)
+    (``memory.dp_bucket_elements``). Buckets are reduced one by one as the backward frees
+    them, so they set how much of the reduction can hide under it and how many collective
+    latencies it pays."""
     grad_accumulation: Literal["fused", "eager", "fp32_add"] | None = None
     """How each micro-batch's weight gradients reach the gradient buffer
     (``grads.accumulation_time``): ``fused`` (the weight-gradient GEMM accumulates into the

@@ -61,7 +61,8 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
                                    strict=True)]
     crit = max(range(len(times)), key=lambda r: times[r])
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
-    buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(plan.dp or len(union))))
+    buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(plan.dp or len(union),
+                                                                  ctx.training.ddp_bucket_size)))
     sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
                               dense + experts)
     dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)

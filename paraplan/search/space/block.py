@@ -231,12 +231,13 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params in rings
     # (dp_sync.grad_sync_parts), DeepSpeed's bf16 ZeRO-1 all-reduces the grads in full.
     z12 = (z == 1) | (z == 2)
+    bucket = dp_bucket_elements(dp, training.ddp_bucket_size)  # parameters per bucket
     rs_grads = z12 & ~((z == 1) & training.zero1_grad_all_reduce)
 
     def _reduce(ar_l: np.ndarray, rs_l: np.ndarray, ag_l: np.ndarray, count: np.ndarray,
                 pbytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
         """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
-        buckets = count / dp_bucket_elements(dp) if ctx.overlap else np.ones_like(count)
+        buckets = count / bucket if ctx.overlap else np.ones_like(count)
         lines = np.where(rs_grads[:, None, None], rs_l, ar_l)  # one line set per plan
         grads = _chunked(lines, count * gb, buckets)
         return grads, np.where(z12, _chunked(ag_l, count * pbytes, buckets), 0.0)
@@ -256,7 +257,7 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
         + gather / units
     if ctx.overlap:
         window = b[:, 0]
-        buckets = np.maximum(1.0, (dense0 + exp0) / dp_bucket_elements(dp))
+        buckets = np.maximum(1.0, (dense0 + exp0) / bucket)
 
         def exposed(x: np.ndarray) -> np.ndarray:
             return np.maximum(x - window, x / buckets) + np.minimum(x, window) * ctx.slow
