@@ -285,3 +285,27 @@ def test_a2a_overlap_warm_up_and_cool_down_run_alone() -> None:
     # Interleaved p = 4, v = 2, m = 8, stage 0: 2*3 + 1*4 + 1 = 11 of 16 chunk-forwards warm up.
     assert unpartnered_share("interleaved", 4, 8, 0, 2) == pytest.approx(11 / 16)
     assert unpartnered_share("interleaved", 4, 8, 3, 2) == pytest.approx(5 / 16)
+
+
+def test_current_scaled_fp8_casts_launch_their_own_kernels_per_expert() -> None:
+    """Transformer Engine's current scaling zeroes, reduces and turns the amax into a scale in
+    three kernels of its own per cast, and grouped experts cast expert by expert: each local
+    expert's two GEMM inputs pay 3 x KERNEL_OVERHEAD_S more than under delayed scaling (the
+    weights are cached across micro-batches)."""
+    from paraplan.simulator.compute import KERNEL_OVERHEAD_S, expert_gemm_time
+
+    model = load_model("qwen3-30b-a3b")
+    gpu = load_cluster("dgx-h100").gpu
+    plan = ParallelPlan(ep=16)
+    base = TrainingSpec(global_batch_size=1024, seq_len=4096, precision="fp8",
+                        fp8_weight_cache=True, fp8_scaling="current")
+    te = base.model_copy(update={"fp8_cast_kernels": 3})
+    assert load_trainer("megatron-core").runs.fp8_cast_kernels == 3
+
+    def experts(tr: TrainingSpec) -> float:
+        return expert_gemm_time(model, tr, plan, Device.of_training(gpu, tr))
+
+    local = model.num_experts // plan.ep
+    assert experts(te) - experts(base) == pytest.approx(local * 2 * 3 * KERNEL_OVERHEAD_S)
+    delayed = te.model_copy(update={"fp8_scaling": "delayed"})
+    assert experts(delayed) == experts(delayed.model_copy(update={"fp8_cast_kernels": 0}))

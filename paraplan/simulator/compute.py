@@ -78,12 +78,16 @@ class Device:
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
     fp8_weights_cached: bool = False
     """Weights are cast to fp8 once per step, not per GEMM call (``weight_cache``)."""
+    fp8_cast_launches: int = 0
+    """Kernels each current-scaled fp8 cast launches beside the cast itself
+    (``TrainingSpec.fp8_cast_kernels``), each at least ``KERNEL_OVERHEAD_S``."""
     nccl_sms: int = NCCL_SMS
     """SMs an overlapped NCCL collective occupies (``GPUSpec.nccl_channels``)."""
 
     @classmethod
     def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
-           weight_cache: bool = False, scaling: str = "delayed") -> Device:
+           weight_cache: bool = False, scaling: str = "delayed",
+           cast_kernels: int = 0) -> Device:
         peak = gpu.peak_flops(precision) if precision in gpu.peak_tflops else \
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
@@ -111,13 +115,15 @@ class Device:
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,
+                   fp8_cast_launches=cast_kernels if fp8 and scaling == "current" else 0,
                    nccl_sms=gpu.nccl_channels or NCCL_SMS)
 
     @classmethod
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:
         """``Device.of`` with the precision, kernels and fp8 weight caching ``training`` runs."""
         return cls.of(gpu, training.precision, training.kernels,
-                      weight_cache=training.fp8_weight_cache, scaling=training.fp8_scaling)
+                      weight_cache=training.fp8_weight_cache, scaling=training.fp8_scaling,
+                      cast_kernels=training.fp8_cast_kernels)
 
     @property
     def nccl_slowdown(self) -> float:
@@ -161,6 +167,9 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
         # ``optimizer_step_time``.
         weights = 0.0 if device.fp8_weights_cached else k * n
         gemm += device.fp8_cast_bytes * (m * k + weights) / device.memory_Bps
+        # Current scaling: each cast's own amax and scale kernels (``fp8_cast_launches``).
+        casts = 1 if device.fp8_weights_cached else 2
+        gemm += casts * device.fp8_cast_launches * KERNEL_OVERHEAD_S
     return gemm
 
 

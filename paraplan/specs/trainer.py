@@ -123,6 +123,9 @@ class TrainerRuns(StrictModel):
     """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
     fp8_scaling: Literal["delayed", "current", "block"] = "delayed"
     """How its fp8 recipe scales tensors (``TrainingSpec.fp8_scaling``)."""
+    fp8_cast_kernels: int = Field(default=0, ge=0, le=16)
+    """Kernels its current-scaled fp8 casts launch beside the cast
+    (``TrainingSpec.fp8_cast_kernels``)."""
     compile: bool = False
     """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
     fp8_compiles: bool = False
@@ -320,6 +323,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout,
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
+             "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,

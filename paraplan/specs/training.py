@@ -53,6 +53,12 @@ class TrainingSpec(StrictModel):
     dynamic scaling that torchtitan runs), whose cast must wait for a reduction over the whole
     tensor and so re-reads it; ``block`` (MXFP8 and blockwise: each block's scale computed
     inside the cast). Ignored unless precision is fp8."""
+    fp8_cast_kernels: int = Field(default=0, ge=0, le=16)
+    """Kernels each current-scaled fp8 cast launches beside the cast itself, every one a
+    launch on the GPU's stream (``compute.KERNEL_OVERHEAD_S``): Transformer Engine 3 (zero the
+    amax, reduce it, compute the scale: the ``megatron-core`` profile), paid per expert by
+    grouped experts; 0 where the amax is fused into the producing kernel or not known. Ignored
+    unless precision is fp8 with ``fp8_scaling`` current."""
     fp8_weight_cache: bool = False
     """fp8 training casts the weights once per step and reuses them on every micro-batch
     (Transformer Engine's ``is_first_microbatch``, which Megatron passes), instead of casting
