@@ -245,3 +245,28 @@ def test_key_index_sorts_the_rows_where_the_code_would_overflow():
     want, where = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
     assert np.array_equal(keys, want) and np.array_equal(inv, where.reshape(-1))
     assert len(keys) == 397 and len(set(inv[:4].tolist())) == 1
+
+
+def test_other_moe_run_settings_reuse_the_per_key_costs() -> None:
+    """The spaces of the other MoE run settings (``derive_space``) share the base's memo: the
+    compute, TP/CP and activation parts, which read neither the dispatcher nor its overlap,
+    are computed once, and the all-to-alls per setting. Sharing changes no number."""
+    from dataclasses import replace
+
+    from paraplan.search.space.build import derive_space
+
+    model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+    base = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=2))
+    evaluate_space(base, times_for_oom=True)
+    filled = len(base.memo)
+    assert filled > 0
+    for run in ({"moe_dispatcher": "hierarchical"}, {"moe_a2a_overlap": True}):
+        derived = derive_space(base, tr.model_copy(update=run))
+        assert derived.memo is base.memo
+        shared = evaluate_space(derived, times_for_oom=True)
+        assert len(base.memo) == filled  # every key's run-free part was there already
+        alone = evaluate_space(replace(derived, memo={}), times_for_oom=True)
+        np.testing.assert_array_equal(shared.step_time_s, alone.step_time_s)
+        np.testing.assert_array_equal(shared.peak_gib, alone.peak_gib)
+        assert shared.time["ep_comm"].any()

@@ -86,6 +86,19 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     the first groups in rank order, tp fastest), on the GPUs ``plan.placement`` maps those ranks
     to (rank r on GPU r if None).
     """
+    lt, tp_c, cp_c, cp_b = layer_compute_parts(model, topo, training, plan, device, moe=moe,
+                                               base_rank=base_rank)
+    ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
+                                   base_rank=base_rank)
+    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap)
+
+
+def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
+                        plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0
+                        ) -> tuple[LayerTimes, float, float, float]:
+    """``layer_parts``' compute times and exposed TP and CP traffic (forward, backward):
+    everything but the expert all-to-alls, so nothing here reads the MoE dispatcher or its
+    overlap (``training.moe_dispatcher``, ``moe_a2a_overlap``)."""
     t, cp = plan.tp, plan.cp
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -127,6 +140,18 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         dkv = (4.0 / training.compute_bytes * cp / (cp - 1)
                if training.cp_merge == "eager_fp32" else 1.0)
         cp_b = (1.0 + dkv) * cp_c
+    return lt, tp_c, cp_c, cp_b
+
+
+def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
+                   plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0
+                   ) -> tuple[float, float | None]:
+    """``layer_parts``' expert all-to-alls of one pass and the share of compute their
+    overlapped kernels take (None: exposed), by the MoE dispatcher and overlap."""
+
+    def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
+        return placed_group(plan, ranks, base_rank)
+
     ep_c = 0.0
     if moe and plan.ep * plan.expert_tp > 1:
         # Dispatch + combine all-to-all of each rank's T*k token copies (T = b s / (cp tp),
@@ -139,7 +164,8 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         if training.moe_dispatcher == "hierarchical":
             # DeepEP/HybridEP send a token once to each other rank it is routed to (not once
             # per expert), and across nodes once per remote node, forwarded over NVLink there.
-            nodes = len(np.unique(topo.node_of_gpu[np.asarray(ep_group)]))
+            nodes = topo.memoized("nodes", ep_group, lambda g: len(np.unique(
+                topo.node_of_gpu[np.asarray(g)])))
             token = a2a / model.moe_top_k
             remote = token * routing.other_groups_hit(model, nodes)
             local = token * routing.other_groups_hit(model, plan.ep)
@@ -156,7 +182,7 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         # channels, or the 20 SMs DeepSeek gives DeepEP (DeepSeek-V3 report sec. 3.2.2).
         overlap = (DEEPEP_SMS / device.sm_count if training.moe_dispatcher == "hierarchical"
                    else device.nccl_slowdown)
-    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap)
+    return ep_c, overlap
 
 
 CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)

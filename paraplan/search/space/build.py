@@ -72,6 +72,10 @@ class PlanSpace:
     """Plans in the raw grid (legal + rejected by a rule)."""
     trainer: TrainerSpec | None = None
     """The trainer every plan must run on (None: any plan the simulator prices)."""
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    """Per-key costs the evaluator has computed for this space's model, cluster and trainer,
+    shared with the spaces derived from it (``derive_space``: the same plans under another
+    MoE run setting), keyed by what each cost reads (``evaluate._key_tables``)."""
 
     def __len__(self) -> int:
         return int(self.cols["tp"].shape[0])
@@ -96,7 +100,7 @@ class PlanSpace:
         """Rows where ``mask`` is true (rejection counts are kept)."""
         return PlanSpace(self.model, self.cluster, self.training,
                          {k: v[mask] for k, v in self.cols.items()}, self.constants,
-                         Counter(self.rejected), self.considered, self.trainer)
+                         Counter(self.rejected), self.considered, self.trainer, self.memo)
 
 
 HEADER_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sched", "v", "uneven")
@@ -263,7 +267,7 @@ def derive_space(base: PlanSpace, training: TrainingSpec) -> PlanSpace:
         mask, rejected = trainer_mask(cols, base.trainer, base.model, training)
         cols = {k: v[mask] for k, v in cols.items()}
     return PlanSpace(base.model, base.cluster, training, cols, dict(base.constants), rejected,
-                     considered, base.trainer)
+                     considered, base.trainer, base.memo)
 
 
 def run_spaces(model: ModelSpec, cluster: ClusterSpec, runs: list[TrainingSpec],

@@ -20,13 +20,16 @@ from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
+    LayerParts,
     compose_columns,
+    layer_compute_parts,
+    layer_ep_parts,
     lm_head_cost,
     mtp_columns,
     mtp_projection_time,
 )
 from paraplan.simulator.memory import WORKING_SET_RECOMPUTES, GiB, layer_activation_bytes
-from paraplan.simulator.step import LayerParts, layer_parts
+from paraplan.simulator.step import layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
@@ -187,9 +190,14 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
 
     Each part is computed once per the plan fields it reads (``layer_parts``' docstring lists
     them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers per those and
-    (ep, etp), activations without zs; composing under recompute runs on arrays."""
+    (ep, etp), activations without zs; composing under recompute runs on arrays. All but the
+    expert all-to-alls read neither the MoE dispatcher nor its overlap, so the spaces of the
+    other MoE run settings (``derive_space``) take them from ``space.memo``."""
     model, training, topo = space.model, space.training, space.cluster.topology
     tco_const = space.constants.get("tp_comm_overlap")
+    memo = space.memo
+    run_free = (training.model_dump_json(exclude={"moe_dispatcher", "moe_a2a_overlap"}),
+                repr(sorted(space.constants.items())))
     templates: dict[bool | None, ParallelPlan] = {}
 
     def plan_of(t: int, cp: int, sp: int, mbs: int, z2: int, ep: int = 1, etp: int = 1,
@@ -214,33 +222,51 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
     rc = np.array(RECOMPUTES)[uniq[:, 4]]
     du, dinv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7)])
     dparts, dhead = np.zeros((len(du), 11)), np.zeros((len(du), 4))
-    for i, key in enumerate(du):
-        plan = plan_of(*key)
-        dparts[i] = parts_row(layer_parts(model, topo, training, plan, dev, moe=False))
-        h = lm_head_cost(model, topo, training, plan, dev)
-        proj = mtp_projection_time(model, training, plan, dev) if model.num_mtp_layers else 0.0
-        dhead[i] = (h.fwd, h.bwd, h.tp, proj)
+    for i, key in enumerate(du.tolist()):
+        row = memo.get(("dense", run_free, *key))
+        if row is None:
+            plan = plan_of(*key)
+            h = lm_head_cost(model, topo, training, plan, dev)
+            proj = mtp_projection_time(model, training, plan, dev) if model.num_mtp_layers \
+                else 0.0
+            row = memo[("dense", run_free, *key)] = (
+                parts_row(layer_parts(model, topo, training, plan, dev, moe=False)),
+                (h.fwd, h.bwd, h.tp, proj))
+        dparts[i], dhead[i] = row
     lc = np.zeros((len(uniq), 2, 9))  # [key, dense/moe, LayerCost fields]
     lc[:, 0] = np.stack(compose_columns(*dparts[dinv].T, rc), axis=1)
     lc[:, 1] = lc[:, 0]
     if model.is_moe:
         mu, minv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
-        mparts = np.array([parts_row(layer_parts(model, topo, training, plan_of(*key), dev,
-                                                 moe=True)) for key in mu])
+
+        def moe_row(key: list[int]) -> tuple[float, ...]:
+            plan = plan_of(*key)
+            shared = memo.get(("moe", run_free, *key))
+            if shared is None:
+                shared = memo[("moe", run_free, *key)] = layer_compute_parts(
+                    model, topo, training, plan, dev, moe=True)
+            ep_c, overlap = layer_ep_parts(model, topo, training, plan, dev, moe=True)
+            lt, tp_c, cp_c, cp_b = shared
+            return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap))
+
+        mparts = np.array([moe_row(key) for key in mu.tolist()])
         lc[:, 1] = np.stack(compose_columns(*mparts[minv].T, rc), axis=1)
     h = dhead[dinv]
     head = h[:, :3]
     if model.num_mtp_layers:  # the MTP modules' MoE block runs under the key's recompute
         head = np.stack(mtp_columns(model.num_mtp_layers, h[:, 3], tuple(h[:, :3].T),
                                     tuple(lc[:, 1, [0, 1, 4]].T)), axis=1)
-    return lc, head, _activation_table(model, training, uniq, rc, plan_of)
+    return lc, head, _activation_table(model, training, uniq, rc, plan_of,
+                                       memo.setdefault(("act", run_free), {}))
 
 
 def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray,
-                      rc: np.ndarray, plan_of: Callable[..., ParallelPlan]) -> np.ndarray:
+                      rc: np.ndarray, plan_of: Callable[..., ParallelPlan],
+                      memo: dict[tuple, float]) -> np.ndarray:
     """``memory.layer_activations`` of each key as (dense, moe, working) bytes, each part
     computed once per the plan fields it reads: the dense layer's not per ep/etp, the
-    recompute working set (the layer without recompute) not per recompute kind."""
+    recompute working set (the layer without recompute) not per recompute kind; values kept
+    in ``memo`` by (shape, moe, recompute) for the other MoE run settings."""
     out = np.zeros((len(uniq), 3))
     plans: dict[tuple[int, ...], ParallelPlan] = {}  # recompute passed apart
 
@@ -255,10 +281,14 @@ def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray
         full[:, list(cols)] = u
         for i, (t, cp, sp, mbs, rci, ep, etp) in enumerate(full.tolist()):
             shape = (t, cp, sp, mbs, ep, etp)
-            if shape not in plans:
-                plans[shape] = plan_of(t, cp, sp, mbs, 0, ep, etp)
-            vals[i] = layer_activation_bytes(model, training, plans[shape], mbs, moe=moe,
-                                             recompute=recompute or RECOMPUTES[rci])
+            kind = recompute or RECOMPUTES[rci]
+            value = memo.get((*shape, moe, kind))
+            if value is None:
+                if shape not in plans:
+                    plans[shape] = plan_of(t, cp, sp, mbs, 0, ep, etp)
+                value = memo[(*shape, moe, kind)] = layer_activation_bytes(
+                    model, training, plans[shape], mbs, moe=moe, recompute=kind)
+            vals[i] = value
         out[rows, col] = vals[uinv]
 
     every = np.ones(len(uniq), dtype=bool)
