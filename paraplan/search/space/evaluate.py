@@ -240,13 +240,13 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
         mu, minv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
 
         def moe_row(key: list[int]) -> tuple[float, ...]:
-            plan = plan_of(*key)
-            shared = memo.get(("moe", run_free, *key))
-            if shared is None:
-                shared = memo[("moe", run_free, *key)] = layer_compute_parts(
-                    model, topo, training, plan, dev, moe=True)
+            hit = memo.get(("moe", run_free, *key))
+            if hit is None:
+                plan = plan_of(*key)
+                hit = memo[("moe", run_free, *key)] = (plan, layer_compute_parts(
+                    model, topo, training, plan, dev, moe=True))
+            plan, (lt, tp_c, cp_c, cp_b) = hit
             ep_c, overlap = layer_ep_parts(model, topo, training, plan, dev, moe=True)
-            lt, tp_c, cp_c, cp_b = shared
             return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap))
 
         mparts = np.array([moe_row(key) for key in mu.tolist()])
