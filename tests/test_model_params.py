@@ -89,7 +89,7 @@ def test_hf_config_shape_equals_preset(stem):
     preset = load_model(EXPECTED[stem]["preset"])
     for field in ("num_layers", "hidden_size", "num_attention_heads", "kv_heads",
                   "ffn_hidden_size", "vocab_size", "activation", "num_experts", "moe_top_k",
-                  "tie_word_embeddings"):
+                  "tie_word_embeddings", "glu_clamp"):
         assert getattr(hf, field) == getattr(preset, field), field
     assert hf.num_params == preset.num_params
 

@@ -119,6 +119,13 @@ def test_megatron_export_of_deepseek_and_maverick():
     layout = next(line for line in text.splitlines() if "--pipeline-model-parallel-layout" in line)
     value = layout.split()[-1]
     assert value.endswith("mL") and value.count("t") == 61
+    oss = export_text("megatron", export_context(
+        load_model("gpt-oss-120b"), tr, parse_plan("tp=1,pp=1,ep=8,mbs=1,zero=1"),
+        cluster=load_cluster("dgx-h100", nodes=2)))
+    for flag in ("--quick-geglu", "--glu-linear-offset 1.0", "--activation-func-clamp-value 7",
+                 "--softmax-type learnable", "--window-size 127,0"):
+        assert flag in oss
+    assert "--swiglu" not in oss  # gpt-oss's GLU is clamped quick-GeLU (examples/gptoss)
     mav = load_model("llama4-maverick")
     ctx = export_context(mav, tr, parse_plan("tp=8,pp=2,ep=8,etp=1,mbs=1,sp=1"),
                          cluster=load_cluster("dgx-h100", nodes=2))

@@ -309,3 +309,40 @@ def test_current_scaled_fp8_casts_launch_their_own_kernels_per_expert() -> None:
     assert experts(te) - experts(base) == pytest.approx(local * 2 * 3 * KERNEL_OVERHEAD_S)
     delayed = te.model_copy(update={"fp8_scaling": "delayed"})
     assert experts(delayed) == experts(delayed.model_copy(update={"fp8_cast_kernels": 0}))
+
+
+def test_gpt_oss_clamped_glu_and_expert_biases_move_their_own_bytes() -> None:
+    """gpt-oss under Megatron: per routed row (on the busiest rank), the clamps and re-concatenation of the GLU
+    halves (16 B per expert-width element) and the expert-by-expert fc2 bias add (12 B per
+    hidden element); eager stacks 20 and 8. A plain GLU without biases pays neither."""
+    from paraplan.simulator.compute import EXPERT_BIAS_BYTES, GLU_CLAMP_BYTES
+
+    model = load_model("gpt-oss-120b")
+    assert model.glu_clamp == 7.0 and model.use_bias
+    plain = model.model_copy(update={"glu_clamp": None, "use_bias": False})
+    plan = ParallelPlan(ep=8, micro_batch_size=1)
+    rows = moe.routed_copies_per_token(model, plan)
+    assert rows == pytest.approx(model.moe_top_k)  # dropless, balanced, etp 1
+    for kernels in ("fused", "eager"):
+        tr = TrainingSpec(global_batch_size=64, seq_len=4096, kernels=kernels)
+        extra = (elementwise_bytes_per_token(model, tr, plan, moe=True)
+                 - elementwise_bytes_per_token(plain, tr, plan, moe=True))
+        busiest = rows * moe.load_factor(tr, plan)
+        assert extra == pytest.approx(busiest * (GLU_CLAMP_BYTES[kernels] * model.expert_ffn
+                                                 + EXPERT_BIAS_BYTES[kernels] * model.hidden_size))
+
+
+def test_hf_import_reads_the_swiglu_limit(tmp_path) -> None:
+    import json
+
+    from paraplan.specs.errors import SpecError
+    from tests.test_model_params import HF
+
+    cfg = json.loads((HF / "gpt-oss-20b.json").read_text())
+    for bad in ("seven", -1, True):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**cfg, "swiglu_limit": bad}))
+        with pytest.raises(SpecError, match="swiglu_limit"):
+            load_model(str(path))
+    path.write_text(json.dumps({**cfg, "swiglu_limit": 5}))
+    assert load_model(str(path)).glu_clamp == 5.0

@@ -101,7 +101,11 @@ def _pipeline_split(ctx: ExportContext) -> list[str]:
 def _architecture(ctx: ExportContext) -> list[str]:
     m = ctx.model
     out = []
-    if m.activation == "swiglu":
+    if m.activation == "swiglu" and m.glu_clamp:
+        # gpt-oss's clamped GLU, as Megatron-LM's examples/gptoss/02_train.sh writes it
+        out += ["--quick-geglu", "--glu-linear-offset 1.0",
+                f"--activation-func-clamp-value {m.glu_clamp:g}"]
+    elif m.activation == "swiglu":
         out.append("--swiglu")
     elif m.activation == "squared_relu":
         out.append("--squared-relu")

@@ -147,6 +147,13 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
     fields.update(_attention_fields(cfg, model_type, layers))
     if model_type == "gpt_oss":  # biases on q/k/v/o and on every expert (modeling_gpt_oss.py)
         fields["use_bias"] = True
+        limit = cfg.get("swiglu_limit", 7.0)  # GptOssConfig's default
+        if isinstance(limit, bool) or not isinstance(limit, int | float) \
+                or not 0 < limit <= 1_000_000:
+            raise SpecError(f"config.json key swiglu_limit={short_repr(limit)} must be a "
+                            "number > 0", field="swiglu_limit", value=limit,
+                            allowed="a number > 0")
+        fields["glu_clamp"] = float(limit)
     # The authors' active counts leave out the input embedding: stated in the gpt-oss model
     # card (Table 1 caption); DeepSeek-V2's 21B and V3's 36.7B (README_WEIGHTS.md) reproduce
     # only that way (20.85B and 36.63B; with the embedding 21.38B and 37.55B).

@@ -57,6 +57,10 @@ class ModelSpec(StrictModel):
     tie_word_embeddings: bool = False
     use_bias: bool = False
     """All linear layers carry biases (GPT-2/3, BLOOM, GPT-NeoX)."""
+    glu_clamp: float | None = Field(default=None, gt=0, le=1_000_000)
+    """A gated MLP that clamps its gate half at this value from above and its linear half to
+    +-this value, and adds 1 to the linear half (gpt-oss ``swiglu_limit`` 7.0: openai/gpt-oss
+    gpt_oss/torch/model.py ``swiglu``); None: a plain GLU."""
     qkv_bias: bool = False
     """Only the Q/K/V projections carry biases (Qwen2)."""
     embedding_layernorm: bool = False
