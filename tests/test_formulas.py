@@ -182,6 +182,8 @@ def test_gradient_accumulation_pass_bytes_by_trainer():
     assert accumulation_bytes_per_param(tr.model_copy(update={"kernels": "eager"})) == 6.0
     bf16 = load_trainer_training("megatron-deepspeed-2022", tr)
     assert bf16.grad_accumulation == "fp32_add" and accumulation_bytes_per_param(bf16) == 18.0
+    # ... and keeps the fp32 gradients and the last backward's bf16 .grad: 4 + 2 B per parameter
+    assert bf16.grad_buffer_bytes == 6
     fp16 = load_trainer_training("megatron-deepspeed-2022",
                                  tr.model_copy(update={"precision": "fp16"}))
     assert fp16.grad_accumulation == "eager" and accumulation_bytes_per_param(fp16) == 6.0

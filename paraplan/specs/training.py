@@ -150,7 +150,14 @@ class TrainingSpec(StrictModel):
         reduces in fp32 accumulates into fp32 (Megatron-Core ``grad_reduce_in_fp32``: the DDP
         grad buffer's dtype is float32: Megatron-LM docs/source/api-guide/dist_optimizer.md,
         "bf16 parameters, fp32 gradients: 18 | 6 + 12/d" bytes per parameter without and with
-        the distributed optimizer), else in the compute dtype."""
+        the distributed optimizer), else in the compute dtype. DeepSpeed's BF16 optimizer
+        (``grad_accumulation`` fp32_add) keeps both its fp32 gradients and the 16-bit ``.grad``
+        of the last backward: its engines clear those only before the next micro-batch's
+        backward and call ``update_hp_grads(clear_lp_grads=False)`` (DeepSpeed 38327e0
+        runtime/pipe/engine.py ``_exec_backward_pass``, runtime/bf16_optimizer.py ``backward``),
+        so 4 + 2 B per parameter through the forward passes."""
+        if self.grad_accumulation == "fp32_add" and self.compute_bytes < 4:
+            return 4 + self.compute_bytes
         return self.grad_reduce_bytes
 
     @property
