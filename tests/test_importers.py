@@ -137,3 +137,39 @@ def test_other_files_are_not_trainer_configs(tmp_path: Path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"tp": 2}))
     assert read_trainer_config(path, path.read_text()) is None
+
+
+def test_gradient_path_flags_are_read_and_written(tmp_path: Path) -> None:
+    """Bucket sizes and accumulation: Megatron's --ddp-bucket-size and
+    --no-gradient-accumulation-fusion, DeepSpeed's reduce_bucket_size (5e8 as JSON writes it)
+    and grad_accum_dtype (bf16 with ZeRO: the ZeRO optimizer, eager bf16 accumulation and a
+    partitioned reduce); each round-trips through the exporters and changes the price."""
+    from paraplan.importers.deepspeed import read_deepspeed
+    from paraplan.importers.megatron import read_megatron
+
+    text = ("--tensor-model-parallel-size 2 --bf16 --overlap-grad-reduce "
+            "--ddp-bucket-size 100000000 --no-gradient-accumulation-fusion")
+    meg = read_megatron(text).training
+    assert meg["ddp_bucket_size"] == 100_000_000 and meg["grad_accumulation"] == "eager"
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    trainer = load_trainer("megatron-core")
+    tr, plan = apply_trainer(trainer, TrainingSpec(global_batch_size=128, seq_len=4096,
+                                                   **meg), parse_plan("tp=2,zero=1,mbs=1"))
+    back = read_trainer_config(tmp_path / "run.sh", export_text(
+        "megatron", export_context(model, tr, plan, cluster=cluster)))
+    assert back.training["ddp_bucket_size"] == 100_000_000
+    assert back.training["grad_accumulation"] == "eager"
+    fused = simulate(model, cluster, tr.model_copy(update={"grad_accumulation": None}), plan,
+                     trainer=trainer)
+    assert simulate(model, cluster, tr, plan, trainer=trainer).step_time_s > fused.step_time_s
+
+    ds = read_deepspeed({"bf16": {"enabled": True},
+                         "zero_optimization": {"stage": 1, "reduce_bucket_size": 5e8}}).training
+    assert ds["ddp_bucket_size"] == 500_000_000
+    assert ds["grad_accumulation"] == "eager" and ds["zero1_grad_all_reduce"] is False
+    assert "grad_accumulation" not in read_deepspeed(
+        {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"},
+         "zero_optimization": {"stage": 1}}).training
+    with pytest.raises(ImportError_, match="grad_accum_dtype"):
+        read_deepspeed({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "int8"},
+                        "zero_optimization": {"stage": 1}})

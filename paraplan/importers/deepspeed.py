@@ -60,8 +60,10 @@ def _bf16_wrapper(data: dict[str, Any], zero: int) -> dict[str, Any]:
     wrapper (runtime/engine.py ``get_data_types``, ``_do_optimizer_sanity_check`` at
     38327e0): ``grad_accum_dtype`` defaults to fp32 without ZeRO and to bf16 with it; fp32
     with ZeRO-0/1 is the BF16 optimizer (the ``deepspeed`` profile's facts: fp32 adds after
-    every micro-batch, the whole gradient all-reduced); bf16 with ZeRO is the ZeRO optimizer,
-    which lets autograd accumulate ``.grad`` in bf16 and reduces it partitioned."""
+    every micro-batch, the whole gradient all-reduced; with ZeRO-2/3 the gradients are
+    reduce-scattered every micro-batch, so no accumulation pass is priced either way); bf16
+    with ZeRO is the ZeRO optimizer, which lets autograd accumulate ``.grad`` in bf16 and
+    reduces it partitioned."""
     types = data.get("data_types") or {}
     if not isinstance(types, dict):
         raise ImportError_("data_types must be an object", field="data_types")
@@ -70,6 +72,6 @@ def _bf16_wrapper(data: dict[str, Any], zero: int) -> dict[str, Any]:
         raise ImportError_(f"data_types.grad_accum_dtype {dtype!r} is not a dtype DeepSpeed "
                            "takes", field="data_types.grad_accum_dtype", value=dtype,
                            allowed=list(GRAD_ACCUM_DTYPES))
-    if dtype == "fp32" and zero <= 1:
+    if dtype == "fp32":  # the profile's facts (what the exporter writes)
         return {}
     return {"grad_accumulation": "eager", "zero1_grad_all_reduce": False}
