@@ -312,9 +312,10 @@ def test_current_scaled_fp8_casts_launch_their_own_kernels_per_expert() -> None:
 
 
 def test_gpt_oss_clamped_glu_and_expert_biases_move_their_own_bytes() -> None:
-    """gpt-oss under Megatron: per routed row (on the busiest rank), the clamps and re-concatenation of the GLU
-    halves (16 B per expert-width element) and the expert-by-expert fc2 bias add (12 B per
-    hidden element); eager stacks 20 and 8. A plain GLU without biases pays neither."""
+    """gpt-oss under Megatron: per routed row (on the busiest rank), the clamps and
+    re-concatenation of the GLU halves (16 B per expert-width element) and the expert-by-expert
+    fc2 bias add (12 B per hidden element); eager stacks 20 and 8. A plain GLU without biases
+    pays neither."""
     from paraplan.simulator.compute import EXPERT_BIAS_BYTES, GLU_CLAMP_BYTES
 
     model = load_model("gpt-oss-120b")
