@@ -173,3 +173,16 @@ def test_gradient_path_flags_are_read_and_written(tmp_path: Path) -> None:
     with pytest.raises(ImportError_, match="grad_accum_dtype"):
         read_deepspeed({"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "int8"},
                         "zero_optimization": {"stage": 1}})
+
+
+def test_torchtitan_rotate_method_is_read() -> None:
+    from paraplan.importers.torchtitan import read_torchtitan
+
+    base = {"training": {"global_batch_size": 8, "seq_len": 8192},
+            "parallelism": {"context_parallel_degree": 4, "data_parallel_shard_degree": 2}}
+    assert read_torchtitan(base).training["cp_kv_exchange"] == "allgather"  # its default
+    base["parallelism"]["context_parallel_rotate_method"] = "alltoall"
+    assert read_torchtitan(base).training["cp_kv_exchange"] == "ring"
+    base["parallelism"]["context_parallel_rotate_method"] = "p2p"
+    with pytest.raises(ImportError_, match="context_parallel_rotate_method"):
+        read_torchtitan(base)

@@ -37,6 +37,7 @@ CASES = (
     ("llama3-8b", "dgx-a100-80gb", 2, 64, 4096, {"fsdp_copies": "per_param",
                                                    "grad_reduce_fp32": True,
                                                    "cp_merge": "eager_fp32",
+                                                   "cp_kv_exchange": "allgather",
                                                    "zero2_regather": True}),
     # DeepEP with the expert-parallel all-to-all overlap: its SMs and its extra warm-up
     # micro-batch (moe.a2a_overlap_warmup)

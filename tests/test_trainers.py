@@ -638,3 +638,30 @@ def test_torchtitan_trains_fp8_as_its_float8_converter_runs_it(tmp_path: Path):
     assert again.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
     assert "quantize.linear.float8" in export_text(
         "torchtitan", export_context(model, fp8, top, cluster=cluster))
+
+
+def test_pytorch_all_gather_rotater_hides_under_one_attention_step():
+    """torchtitan's default rotate method gathers every rank's K/V in one all-gather that only
+    the first of the cp attention steps covers (PyTorch ``_AllGatherRotater``); the backward
+    gathers again and passes dK/dV round the ring. By hand for tp=8, cp=4 across 4 nodes."""
+    from paraplan.simulator import collectives as coll
+    from paraplan.simulator.compute import Device
+    from paraplan.simulator.layer import layer_compute_parts
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=4)
+    ring = TrainingSpec(global_batch_size=8, seq_len=8192)
+    gather = ring.model_copy(update={"cp_kv_exchange": "allgather"})
+    plan = parse_plan("tp=8,cp=4,sp=1,mbs=1")
+    topo, dev = cluster.topology, Device.of_training(cluster.gpu, ring)
+    lt, _, ring_c, ring_b = layer_compute_parts(model, topo, ring, plan, dev, moe=False)
+    _, _, ag_c, ag_b = layer_compute_parts(model, topo, gather, plan, dev, moe=False)
+    att = model.attention
+    kv = 1 * 8192 / 4 * (att.k_width + att.v_width) * 2 / 8
+    all_gather = coll.group_collective(topo, (0, 8, 16, 24), "all_gather", 4 * kv)
+    first = lt.attention_fwd_s / 4
+    assert ag_c == pytest.approx(max(0.0, all_gather - first)
+                                 + min(all_gather, first) * dev.nccl_slowdown)
+    assert ag_b == pytest.approx(ag_c + ring_c)  # 16-bit dK/dV round the ring
+    assert ag_c > ring_c
+    assert load_trainer("torchtitan").runs.cp_kv_exchange == "allgather"
+    assert load_trainer("megatron-core").runs.cp_kv_exchange == "ring"

@@ -107,6 +107,9 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         "context_parallel_degree": p.cp,
         "expert_parallel_degree": p.ep,
     }
+    if p.cp > 1:
+        par["context_parallel_rotate_method"] = ("alltoall" if t.cp_kv_exchange == "ring"
+                                                 else "allgather")
     if p.zero_stage == 2:
         par["fsdp_reshard_after_forward"] = "never"
     # zero_stage=1 with pp > 1 is FSDP under pipelining: torchtitan's "default" policy keeps

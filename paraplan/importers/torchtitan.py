@@ -108,4 +108,16 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
     training["kernels"] = "fused" if "model" in compiled else "eager"
     if "model" in compiled and "loss" not in compiled:
         training["loss_kernels"] = "eager"
+    rotate = par.get("context_parallel_rotate_method", "allgather")
+    if rotate not in ROTATE_METHODS:
+        raise ImportError_(f"parallelism.context_parallel_rotate_method {rotate!r} is not one "
+                           "torchtitan takes", field="parallelism.context_parallel_rotate_method",
+                           value=rotate, allowed=list(ROTATE_METHODS))
+    if cp > 1:
+        training["cp_kv_exchange"] = ROTATE_METHODS[rotate]
     return ImportedConfig("torchtitan", plan, training, {}, path)
+
+
+ROTATE_METHODS = {"allgather": "allgather", "alltoall": "ring"}
+"""parallelism.context_parallel_rotate_method -> ``TrainingSpec.cp_kv_exchange`` (torchtitan
+v0.2.2 job_config.py: 'alltoall' shuffles each K/V shard to the next rank, a ring step)."""

@@ -133,13 +133,25 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
         # What the attention cannot cover stays exposed; the covered part costs NCCL's SMs
         # (as for every overlapped collective: ``Device.nccl_slowdown``).
         ring_s, cover = (cp - 1) * step, lt.attention_fwd_s
-        cp_c = max(0.0, ring_s - cover) + min(ring_s, cover) * device.nccl_slowdown
+        ring_c = max(0.0, ring_s - cover) + min(ring_s, cover) * device.nccl_slowdown
         # Backward: K/V travel again and dK/dV with them, at the accumulator's width (PyTorch
         # sends fp32 dK/dV: torch/distributed/tensor/experimental/_attention.py).
         # dK/dV go round cp times there (dkv_rotater sends at every step), K/V cp - 1 times.
         dkv = (4.0 / training.compute_bytes * cp / (cp - 1)
                if training.cp_merge == "eager_fp32" else 1.0)
-        cp_b = (1.0 + dkv) * cp_c
+        cp_c, cp_b = ring_c, (1.0 + dkv) * ring_c
+        if training.cp_kv_exchange == "allgather":
+            # PyTorch's _AllGatherRotater gathers every rank's K/V block in one collective,
+            # issued before the first (local) attention step and waited on before the second,
+            # so only that step, 1/cp of the rank's attention under the round-robin load
+            # balance, covers it; the backward gathers K/V again the same way, while its dK/dV
+            # still pass round the ring step by step (the dK/dV rotater is always ALL_TO_ALL:
+            # _templated_ring_attention_backward).
+            gather = coll.group_collective(topo, on(tuple(range(0, t * cp, t))), "all_gather",
+                                           kv * cp)
+            first = lt.attention_fwd_s / cp
+            cp_c = max(0.0, gather - first) + min(gather, first) * device.nccl_slowdown
+            cp_b = cp_c + dkv * ring_c
     return lt, tp_c, cp_c, cp_b
 
 

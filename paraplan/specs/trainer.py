@@ -137,6 +137,8 @@ class TrainerRuns(StrictModel):
     """Per-micro-batch copies of its sharded data parallelism (``TrainingSpec.fsdp_copies``)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
     """Its ring attention's merges (``TrainingSpec.cp_merge``)."""
+    cp_kv_exchange: Literal["ring", "allgather"] = "ring"
+    """How its ring attention exchanges K/V blocks (``TrainingSpec.cp_kv_exchange``)."""
     loss_kernels: Literal["fused", "eager", "one_kernel"] | None = None
     """Its cross-entropy kernels (``TrainingSpec.loss_kernels``); None: as ``kernels``."""
     logit_metric_passes: int = Field(default=0, ge=0, le=16)
@@ -326,6 +328,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
+             "cp_kv_exchange": runs.cp_kv_exchange,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap,

@@ -107,6 +107,13 @@ class TrainingSpec(StrictModel):
     dK/dV passed at 16 bits) or ``eager_fp32`` (PyTorch ``context_parallel``, which
     torchtitan uses: eager fp32 merges, fp32 dQ/dK/dV accumulators and an fp32 dK/dV ring;
     ``simulator.copies.eager_ring_bytes``)."""
+    cp_kv_exchange: Literal["ring", "allgather"] = "ring"
+    """How ring attention's ranks get each other's keys and values: ``ring`` (a block to the
+    next rank at every step, hidden under that step's attention: Transformer Engine, and
+    PyTorch's ``context_parallel`` with rotate method ``alltoall``) or ``allgather`` (one
+    all-gather of every block, waited on after the first step, so only 1/cp of the attention
+    hides it: PyTorch's ``_AllGatherRotater``, torchtitan's default
+    ``context_parallel_rotate_method = "allgather"``)."""
     moe_dispatcher: Literal["alltoall", "hierarchical"] = "alltoall"
     """How MoE tokens travel to their experts' ranks: ``alltoall`` (NCCL all-to-all of every
     routed copy; Megatron ``--moe-token-dispatcher-type alltoall``) or ``hierarchical``
