@@ -17,7 +17,7 @@ run on top of them (GPipe, zero-bubble schedules, relaxed synchronization).
 from __future__ import annotations
 
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
-from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, a2a_overlap_needs
+from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING, a2a_overlap_needs
 
 TRAINER = "Megatron-LM"
 VERSION = "core_v0.15"
@@ -215,7 +215,7 @@ def _data_parallel(ctx: ExportContext) -> list[str]:
     if p.zero_stage == 1:
         out.append("--use-distributed-optimizer")
     elif p.zero_stage in (2, 3):
-        strategy = "optim_grads" if p.zero_stage == 2 else "optim_grads_params"
+        strategy = next(k for k, v in MEGATRON_FSDP_SHARDING.items() if v == p.zero_stage)
         out += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
     if p.overlap_grad_reduce and ctx.dp > 1:
         out.append("--overlap-grad-reduce")

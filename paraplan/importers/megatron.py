@@ -18,10 +18,7 @@ from typing import Any
 
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.trainer import MEGATRON_FP8_RECIPES
-
-SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-"""--data-parallel-sharding-strategy -> ZeRO stage (Megatron-FSDP)."""
+from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING
 
 
 def looks_like_megatron(text: str) -> bool:
@@ -124,11 +121,11 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
         zero = 1
     if "--use-megatron-fsdp" in f:
         strategy = _one(f, "--data-parallel-sharding-strategy", "no_shard")
-        if strategy not in SHARDING:
+        if strategy not in MEGATRON_FSDP_SHARDING:
             raise ImportError_(f"--data-parallel-sharding-strategy {strategy!r} is unknown",
                                field="--data-parallel-sharding-strategy", value=strategy,
-                               allowed=list(SHARDING))
-        zero = max(zero, SHARDING[strategy])
+                               allowed=list(MEGATRON_FSDP_SHARDING))
+        zero = max(zero, MEGATRON_FSDP_SHARDING[strategy])
     if "--use-torch-fsdp2" in f:
         zero = 3
     plan = ParallelPlan(

@@ -30,6 +30,10 @@ default) -> ``TrainingSpec.fp8_scaling``. The first name of each scaling is the 
 on export: block scaling as ``blockwise`` (Hopper and Blackwell; ``mxfp8`` is Blackwell's MX
 format, priced alike)."""
 
+MEGATRON_FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+"""Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (read on import,
+written for ZeRO-2/3 on export)."""
+
 RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
                   "activation_compression_bits", "pseudo_grad_bits")
 """Plan fields of relaxed synchronization (local SGD, compression): no pinned trainer config
