@@ -186,3 +186,39 @@ def test_torchtitan_rotate_method_is_read() -> None:
     base["parallelism"]["context_parallel_rotate_method"] = "p2p"
     with pytest.raises(ImportError_, match="context_parallel_rotate_method"):
         read_torchtitan(base)
+
+
+def test_deepspeed_bf16_accumulation_round_trips(tmp_path: Path) -> None:
+    """A bf16 ZeRO-1 config without data_types runs DeepSpeed's ZeRO optimizer (bf16
+    accumulation, partitioned reduce); exporting what was read writes grad_accum_dtype bf16,
+    so reading it back prices the same run. DeepSpeed's dtype spellings are all accepted."""
+    from paraplan.importers.deepspeed import read_deepspeed
+
+    imported = read_deepspeed({"bf16": {"enabled": True}, "train_batch_size": 128,
+                               "train_micro_batch_size_per_gpu": 1,
+                               "zero_optimization": {"stage": 1}})
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    trainer = load_trainer("deepspeed")
+    tr, plan = apply_trainer(trainer, TrainingSpec(seq_len=4096, **imported.training),
+                             imported.plan)
+    before = simulate(model, cluster, tr, plan, trainer=trainer)
+    text = export_text("deepspeed", export_context(model, tr, plan, cluster=cluster))
+    assert json.loads(text)["data_types"] == {"grad_accum_dtype": "bf16"}
+    back = read_trainer_config(tmp_path / "ds.json", text)
+    again = tr.model_copy(update=back.training)
+    after = simulate(model, cluster, again, back.plan, trainer=trainer)
+    assert after.step_time_s == before.step_time_s and after.memory_gb == before.memory_gb
+    for spelling, kind in (("float32", None), ("torch.bfloat16", "eager"), ("half", "eager")):
+        got = read_deepspeed({"bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+                              "data_types": {"grad_accum_dtype": spelling}}).training
+        assert got.get("grad_accumulation") == kind, spelling
+    for bad in ({"grad_accum_dtype": ["fp32"]}, {"grad_accum_dtype": "int8"}):
+        with pytest.raises(ImportError_, match="grad_accum_dtype"):
+            read_deepspeed({"bf16": {"enabled": True}, "data_types": bad,
+                            "zero_optimization": {"stage": 1}})
+    with pytest.raises(ImportError_, match="reduce_bucket_size"):
+        read_deepspeed({"zero_optimization": {"stage": 1, "reduce_bucket_size": 10**13}})
+    from paraplan.importers.torchtitan import read_torchtitan
+    with pytest.raises(ImportError_, match="rotate_method"):
+        read_torchtitan({"training": {}, "parallelism": {
+            "context_parallel_degree": 2, "context_parallel_rotate_method": ["allgather"]}})

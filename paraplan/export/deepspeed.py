@@ -48,7 +48,10 @@ def deepspeed_config(ctx: ExportContext) -> dict[str, Any]:
         # profile prices); with ZeRO on, DeepSpeed otherwise accumulates in bf16 in the ZeRO
         # optimizer, which it warns "is not safe numerically" (runtime/engine.py
         # get_data_types, _do_optimizer_sanity_check at 38327e0).
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
+        # A run that accumulates in bf16 under ZeRO (the ZeRO optimizer, as an imported
+        # config without data_types runs) keeps that.
+        bf16_accum = t.grad_accumulation == "eager" and p.zero_stage >= 1
+        config["data_types"] = {"grad_accum_dtype": "bf16" if bf16_accum else "fp32"}
     elif t.precision == "fp16":
         config["fp16"] = {"enabled": True}
     config["zero_optimization"] = {

@@ -44,15 +44,25 @@ def read_deepspeed(data: dict[str, Any], path: str = "") -> ImportedConfig:
                              else "fp16" if enabled("fp16") else "fp32")
     if "reduce_bucket_size" in zero_cfg:
         size = zero_cfg["reduce_bucket_size"]  # DeepSpeed configs often write 5e8
-        if isinstance(size, float) and size.is_integer() and 0 < size <= 1e12:
+        if isinstance(size, float) and size.is_integer() and 0 < size <= MAX_BUCKET_ELEMENTS:
             size = int(size)
-        training["ddp_bucket_size"] = as_int(size, "zero_optimization.reduce_bucket_size")
+        size = as_int(size, "zero_optimization.reduce_bucket_size")
+        if size > MAX_BUCKET_ELEMENTS:
+            raise ImportError_(f"zero_optimization.reduce_bucket_size={size} must be <= "
+                               f"{MAX_BUCKET_ELEMENTS:.0e}", value=size,
+                               field="zero_optimization.reduce_bucket_size")
+        training["ddp_bucket_size"] = size
     if training["precision"] == "bf16":
         training.update(_bf16_wrapper(data, zero))
     return ImportedConfig("deepspeed", plan, training, {}, path)
 
 
-GRAD_ACCUM_DTYPES = ("fp32", "fp16", "bf16")
+GRAD_ACCUM_DTYPES = {name: dtype for dtype, names in (
+    ("fp32", ("fp32", "float32", "float", "torch.float32")),
+    ("fp16", ("fp16", "float16", "half", "torch.float16")),
+    ("bf16", ("bf16", "bfloat16", "torch.bfloat16"))) for name in names}
+"""The spellings DeepSpeed's ``DtypeEnum`` takes (runtime/config.py at 38327e0) -> dtype."""
+MAX_BUCKET_ELEMENTS = 10**12
 
 
 def _bf16_wrapper(data: dict[str, Any], zero: int) -> dict[str, Any]:
@@ -67,11 +77,12 @@ def _bf16_wrapper(data: dict[str, Any], zero: int) -> dict[str, Any]:
     types = data.get("data_types") or {}
     if not isinstance(types, dict):
         raise ImportError_("data_types must be an object", field="data_types")
-    dtype = types.get("grad_accum_dtype") or ("bf16" if zero >= 1 else "fp32")
-    if dtype not in GRAD_ACCUM_DTYPES:
-        raise ImportError_(f"data_types.grad_accum_dtype {dtype!r} is not a dtype DeepSpeed "
-                           "takes", field="data_types.grad_accum_dtype", value=dtype,
-                           allowed=list(GRAD_ACCUM_DTYPES))
+    raw = types.get("grad_accum_dtype") or ("bf16" if zero >= 1 else "fp32")
+    dtype = GRAD_ACCUM_DTYPES.get(raw) if isinstance(raw, str) else None
+    if dtype is None:
+        raise ImportError_(f"data_types.grad_accum_dtype {raw!r} is not a dtype DeepSpeed "
+                           "takes", field="data_types.grad_accum_dtype", value=raw,
+                           allowed=sorted(GRAD_ACCUM_DTYPES))
     if dtype == "fp32":  # the profile's facts (what the exporter writes)
         return {}
     return {"grad_accumulation": "eager", "zero1_grad_all_reduce": False}

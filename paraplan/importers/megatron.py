@@ -155,7 +155,11 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     if "--grad-reduce-in-bf16" in f:
         training["grad_reduce_fp32"] = False
     if "--ddp-bucket-size" in f:
-        training["ddp_bucket_size"] = size("--ddp-bucket-size")
+        bucket = size("--ddp-bucket-size")
+        if bucket > 10**12:
+            raise ImportError_(f"--ddp-bucket-size {bucket} must be <= 1e+12",
+                               field="--ddp-bucket-size", value=bucket)
+        training["ddp_bucket_size"] = bucket
     if "--no-gradient-accumulation-fusion" in f:
         # The weight-gradient GEMM writes param.grad and the DDP hook adds it into the fp32
         # main_grad (core/distributed/distributed_data_parallel.py _make_backward_post_hook).

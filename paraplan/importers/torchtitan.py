@@ -109,7 +109,7 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
     if "model" in compiled and "loss" not in compiled:
         training["loss_kernels"] = "eager"
     rotate = par.get("context_parallel_rotate_method", "allgather")
-    if rotate not in ROTATE_METHODS:
+    if not isinstance(rotate, str) or rotate not in ROTATE_METHODS:
         raise ImportError_(f"parallelism.context_parallel_rotate_method {rotate!r} is not one "
                            "torchtitan takes", field="parallelism.context_parallel_rotate_method",
                            value=rotate, allowed=list(ROTATE_METHODS))

@@ -181,9 +181,13 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
         # ``optimizer_step_time``.
         weights = 0.0 if device.fp8_weights_cached else k * n
         gemm += device.fp8_cast_bytes * (m * k + weights) / device.memory_Bps
-        # Current scaling: each cast's own amax and scale kernels (``fp8_cast_launches``).
-        casts = 1 if device.fp8_weights_cached else 2
-        gemm += casts * device.fp8_cast_launches * KERNEL_OVERHEAD_S
+        # Current scaling: each cast's own amax and scale kernels (``fp8_cast_launches``):
+        # the forward casts the input (and the weight unless cached), the backward only
+        # grad_output (the saved fp8 input serves the weight gradient). layer_times prices the
+        # backward as twice the forward GEMMs, so each call carries a third of the three
+        # passes' casts.
+        casts = (1 if device.fp8_weights_cached else 2) + 1
+        gemm += casts / 3 * device.fp8_cast_launches * KERNEL_OVERHEAD_S
     return gemm
 
 
