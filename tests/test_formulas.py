@@ -192,8 +192,10 @@ def test_gradient_accumulation_pass_bytes_by_trainer():
     # buffer reads 2 + 4 B and writes 4 B.
     unfused = tr.model_copy(update={"grad_accumulation": "eager", "grad_reduce_fp32": True})
     assert accumulation_bytes_per_param(unfused) == 10.0
-    # DeepSpeed's exported bf16 config (fp32 grad_accum_dtype) runs the BF16 optimizer.
-    assert load_trainer_training("deepspeed", tr).grad_accumulation == "fp32_add"
+    # DeepSpeed's exported bf16 config (fp32 grad_accum_dtype) runs the BF16 optimizer, with
+    # DeepSpeed's 5e8-element buckets.
+    ds = load_trainer_training("deepspeed", tr)
+    assert ds.grad_accumulation == "fp32_add" and ds.ddp_bucket_size == 500_000_000
     dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")
     secs = accumulation_time(1e9, bf16, ParallelPlan(zero_stage=1), dev)
     assert secs == pytest.approx(18e9 / dev.memory_Bps)

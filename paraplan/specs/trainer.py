@@ -153,6 +153,9 @@ class TrainerRuns(StrictModel):
     zero1_grad_all_reduce: bool | Literal["bf16"] = False
     """ZeRO-1 all-reduces gradients in full (``TrainingSpec.zero1_grad_all_reduce``);
     ``bf16``: when training in bf16 (DeepSpeed's BF16 optimizer)."""
+    ddp_bucket_size: int | None = Field(default=None, gt=0, le=10**12)
+    """Parameters per gradient-reduction bucket its exported config leaves in place
+    (``TrainingSpec.ddp_bucket_size``); None: Megatron-Core's rule."""
     grad_accumulation: dict[Literal["bf16", "fp16", "fp32", "fp8"],
                             Literal["fused", "eager", "fp32_add"]] = Field(default_factory=dict)
     """How it accumulates weight gradients, by training precision
@@ -332,7 +335,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
-             "cp_kv_exchange": runs.cp_kv_exchange,
+             "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap,
