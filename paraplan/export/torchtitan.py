@@ -35,7 +35,7 @@ from typing import Any
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.trainer import trainer_training
+from paraplan.specs.trainer import TORCHTITAN_ROTATE_METHODS, trainer_training
 
 TRAINER = "torchtitan"
 FLOAT8_CONVERTER = "quantize.linear.float8"
@@ -108,8 +108,8 @@ def torchtitan_config(ctx: ExportContext) -> dict[str, dict[str, Any]]:
         "expert_parallel_degree": p.ep,
     }
     if p.cp > 1:
-        par["context_parallel_rotate_method"] = ("alltoall" if t.cp_kv_exchange == "ring"
-                                                 else "allgather")
+        par["context_parallel_rotate_method"] = next(
+            name for name, kind in TORCHTITAN_ROTATE_METHODS.items() if kind == t.cp_kv_exchange)
     if p.zero_stage == 2:
         par["fsdp_reshard_after_forward"] = "never"
     # zero_stage=1 with pp > 1 is FSDP under pipelining: torchtitan's "default" policy keeps

@@ -41,8 +41,9 @@ def need(data: dict[str, Any], key: str, where: str) -> Any:
     return data[key]
 
 
-def as_int(value: Any, key: str, low: int = 1) -> int:
-    """An integer >= ``low`` (booleans refused), or an ImportError_ naming the key."""
+def as_int(value: Any, key: str, low: int = 1, high: int | None = None) -> int:
+    """An integer >= ``low`` (and <= ``high`` when given; booleans refused), or an
+    ImportError_ naming the key."""
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ImportError_(f"{key}={value!r} must be an integer", field=key, value=value)
     try:
@@ -52,4 +53,6 @@ def as_int(value: Any, key: str, low: int = 1) -> int:
                            value=value) from None
     if out < low:
         raise ImportError_(f"{key}={out} must be >= {low}", field=key, value=out)
+    if high is not None and out > high:
+        raise ImportError_(f"{key}={out} must be <= {high:.0e}", field=key, value=out)
     return out

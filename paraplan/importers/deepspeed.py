@@ -10,6 +10,7 @@ from typing import Any
 
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import MAX_BUCKET_ELEMENTS
 
 
 def looks_like_deepspeed(data: Any) -> bool:
@@ -44,14 +45,10 @@ def read_deepspeed(data: dict[str, Any], path: str = "") -> ImportedConfig:
                              else "fp16" if enabled("fp16") else "fp32")
     if "reduce_bucket_size" in zero_cfg:
         size = zero_cfg["reduce_bucket_size"]  # DeepSpeed configs often write 5e8
-        if isinstance(size, float) and size.is_integer() and 0 < size <= MAX_BUCKET_ELEMENTS:
+        if isinstance(size, float) and size.is_integer():
             size = int(size)
-        size = as_int(size, "zero_optimization.reduce_bucket_size")
-        if size > MAX_BUCKET_ELEMENTS:
-            raise ImportError_(f"zero_optimization.reduce_bucket_size={size} must be <= "
-                               f"{MAX_BUCKET_ELEMENTS:.0e}", value=size,
-                               field="zero_optimization.reduce_bucket_size")
-        training["ddp_bucket_size"] = size
+        training["ddp_bucket_size"] = as_int(size, "zero_optimization.reduce_bucket_size",
+                                             high=MAX_BUCKET_ELEMENTS)
     if training["precision"] == "bf16":
         training.update(_bf16_wrapper(data, zero))
     return ImportedConfig("deepspeed", plan, training, {}, path)
@@ -62,7 +59,6 @@ GRAD_ACCUM_DTYPES = {name: dtype for dtype, names in (
     ("fp16", ("fp16", "float16", "half", "torch.float16")),
     ("bf16", ("bf16", "bfloat16", "torch.bfloat16"))) for name in names}
 """The spellings DeepSpeed's ``DtypeEnum`` takes (runtime/config.py at 38327e0) -> dtype."""
-MAX_BUCKET_ELEMENTS = 10**12
 
 
 def _bf16_wrapper(data: dict[str, Any], zero: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING
+from paraplan.specs.training import MAX_BUCKET_ELEMENTS
 
 
 def looks_like_megatron(text: str) -> bool:
@@ -75,7 +76,8 @@ def _layout(text: str) -> list[int]:
 def read_megatron(text: str, path: str = "") -> ImportedConfig:
     """The plan of a Megatron launch."""
     f = flags_of(text)
-    size = lambda name, default=1: as_int(_one(f, name, default), name)  # noqa: E731
+    size = lambda name, default=1, high=None: as_int(_one(f, name, default), name,  # noqa: E731
+                                                    high=high)
     tp, pp, cp = (size(n) for n in ("--tensor-model-parallel-size",
                                     "--pipeline-model-parallel-size", "--context-parallel-size"))
     ep = size("--expert-model-parallel-size")
@@ -155,11 +157,7 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     if "--grad-reduce-in-bf16" in f:
         training["grad_reduce_fp32"] = False
     if "--ddp-bucket-size" in f:
-        bucket = size("--ddp-bucket-size")
-        if bucket > 10**12:
-            raise ImportError_(f"--ddp-bucket-size {bucket} must be <= 1e+12",
-                               field="--ddp-bucket-size", value=bucket)
-        training["ddp_bucket_size"] = bucket
+        training["ddp_bucket_size"] = size("--ddp-bucket-size", high=MAX_BUCKET_ELEMENTS)
     if "--no-gradient-accumulation-fusion" in f:
         # The weight-gradient GEMM writes param.grad and the DDP hook adds it into the fp32
         # main_grad (core/distributed/distributed_data_parallel.py _make_backward_post_hook).

@@ -17,6 +17,7 @@ from paraplan.export.torchtitan import FLOAT8_CONVERTER
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs import safe_io
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.trainer import TORCHTITAN_ROTATE_METHODS
 
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
 
@@ -109,15 +110,10 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
     if "model" in compiled and "loss" not in compiled:
         training["loss_kernels"] = "eager"
     rotate = par.get("context_parallel_rotate_method", "allgather")
-    if not isinstance(rotate, str) or rotate not in ROTATE_METHODS:
+    if not isinstance(rotate, str) or rotate not in TORCHTITAN_ROTATE_METHODS:
         raise ImportError_(f"parallelism.context_parallel_rotate_method {rotate!r} is not one "
                            "torchtitan takes", field="parallelism.context_parallel_rotate_method",
-                           value=rotate, allowed=list(ROTATE_METHODS))
+                           value=rotate, allowed=list(TORCHTITAN_ROTATE_METHODS))
     if cp > 1:
-        training["cp_kv_exchange"] = ROTATE_METHODS[rotate]
+        training["cp_kv_exchange"] = TORCHTITAN_ROTATE_METHODS[rotate]
     return ImportedConfig("torchtitan", plan, training, {}, path)
-
-
-ROTATE_METHODS = {"allgather": "allgather", "alltoall": "ring"}
-"""parallelism.context_parallel_rotate_method -> ``TrainingSpec.cp_kv_exchange`` (torchtitan
-v0.2.2 job_config.py: 'alltoall' shuffles each K/V shard to the next rank, a ring step)."""

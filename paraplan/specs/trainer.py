@@ -21,7 +21,7 @@ from pydantic import Field
 from paraplan.specs.base import StrictModel
 from paraplan.specs.model import ModelFeature, ModelSpec
 from paraplan.specs.plan import ParallelPlan, Recompute, Schedule
-from paraplan.specs.training import Precision, TrainingSpec
+from paraplan.specs.training import MAX_BUCKET_ELEMENTS, Precision, TrainingSpec
 
 MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "block",
                         "mxfp8": "block"}
@@ -33,6 +33,11 @@ format, priced alike)."""
 MEGATRON_FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 """Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (read on import,
 written for ZeRO-2/3 on export)."""
+
+TORCHTITAN_ROTATE_METHODS = {"allgather": "allgather", "alltoall": "ring"}
+"""torchtitan's ``parallelism.context_parallel_rotate_method`` -> ``TrainingSpec.cp_kv_exchange``
+(v0.2.2 job_config.py: 'alltoall' shuffles each K/V shard to the next rank, a ring step; read
+on import, written on export)."""
 
 RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
                   "activation_compression_bits", "pseudo_grad_bits")
@@ -153,7 +158,7 @@ class TrainerRuns(StrictModel):
     zero1_grad_all_reduce: bool | Literal["bf16"] = False
     """ZeRO-1 all-reduces gradients in full (``TrainingSpec.zero1_grad_all_reduce``);
     ``bf16``: when training in bf16 (DeepSpeed's BF16 optimizer)."""
-    ddp_bucket_size: int | None = Field(default=None, gt=0, le=10**12)
+    ddp_bucket_size: int | None = Field(default=None, gt=0, le=MAX_BUCKET_ELEMENTS)
     """Parameters per gradient-reduction bucket its exported config leaves in place
     (``TrainingSpec.ddp_bucket_size``); None: Megatron-Core's rule."""
     grad_accumulation: dict[Literal["bf16", "fp16", "fp32", "fp8"],

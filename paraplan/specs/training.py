@@ -14,6 +14,10 @@ Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4, "tf32": 4}
 
 
+MAX_BUCKET_ELEMENTS = 10**12
+"""Largest gradient-reduction bucket a run may set (parameters)."""
+
+
 class TrainingSpec(StrictModel):
     """One optimizer step: ``global_batch_size`` sequences of ``seq_len`` tokens."""
 
@@ -80,7 +84,7 @@ class TrainingSpec(StrictModel):
     """ZeRO-1 all-reduces the gradients in full (every rank then updates its shard and the
     updated parameters are all-gathered) instead of reduce-scattering them: DeepSpeed's
     pipeline engine with its BF16 optimizer (pipe/engine.py ``_bf16_reduce_grads``)."""
-    ddp_bucket_size: int | None = Field(default=None, gt=0, le=10**12)
+    ddp_bucket_size: int | None = Field(default=None, gt=0, le=MAX_BUCKET_ELEMENTS)
     """Parameters per gradient-reduction bucket (Megatron ``--ddp-bucket-size``, DeepSpeed
     ``reduce_bucket_size``); None: Megatron-Core's default, max(40M, 1M x dp)
     (``memory.dp_bucket_elements``). Buckets are reduced one by one as the backward frees
