@@ -45,11 +45,10 @@ def deepspeed_config(ctx: ExportContext) -> dict[str, Any]:
     if t.precision == "bf16":
         config["bf16"] = {"enabled": True}
         # fp32 accumulation selects the BF16 optimizer for ZeRO-0/1 (what the deepspeed
-        # profile prices); with ZeRO on, DeepSpeed otherwise accumulates in bf16 in the ZeRO
-        # optimizer, which it warns "is not safe numerically" (runtime/engine.py
-        # get_data_types, _do_optimizer_sanity_check at 38327e0).
-        # A run that accumulates in bf16 under ZeRO (the ZeRO optimizer, as an imported
-        # config without data_types runs) keeps that.
+        # profile prices); with ZeRO on, DeepSpeed's default is bf16 accumulation in the ZeRO
+        # optimizer (runtime/engine.py get_data_types, _do_optimizer_sanity_check at
+        # 38327e0), kept for a run that accumulates so (as an imported config without
+        # data_types runs).
         bf16_accum = t.grad_accumulation == "eager" and p.zero_stage >= 1
         config["data_types"] = {"grad_accum_dtype": "bf16" if bf16_accum else "fp32"}
     elif t.precision == "fp16":
