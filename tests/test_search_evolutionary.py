@@ -131,6 +131,46 @@ def test_pipeline_order_is_exact():
             assert sorted(order) == list(range(p))
 
 
+def _rings_one_tour_at_a_time(bw, lat, s_ref, starts=4):
+    """The ring heuristic written plainly: each start's nearest-neighbour tour, then
+    best-improvement 2-opt (edges i < j - 1, never the first with the closing one) until no
+    move gains, at most 4n moves."""
+    n = bw.shape[0]
+    w = lat + s_ref / (n * bw)
+    np.fill_diagonal(w, np.inf)
+    w4 = (w / w.min()) ** 4
+    np.fill_diagonal(w4, 0.0)
+    rings = set()
+    for start in np.linspace(0, n - 1, min(starts, n)).astype(int):
+        tour = [int(start)]
+        while len(tour) < n:
+            tour.append(min((v for v in range(n) if v not in tour), key=lambda v: w[tour[-1], v]))
+        for _ in range(4 * n):
+            edge = [w4[tour[i], tour[(i + 1) % n]] for i in range(n)]
+            moves = [(w4[tour[i], tour[j]] + w4[tour[i + 1], tour[(j + 1) % n]]
+                      - edge[i] - edge[j], i, j)
+                     for i in range(n) for j in range(i + 2, n) if (i, j) != (0, n - 1)]
+            gain, i, j = min(moves)
+            if gain >= -1e-12 * max(1.0, sum(edge)):
+                break
+            tour[i + 1:j + 1] = tour[i + 1:j + 1][::-1]
+        rings.add(tuple(tour))
+    return sorted(rings)
+
+
+def test_ring_heuristic_matches_one_tour_at_a_time():
+    """The starts advance together as array rows; each must end where it would alone."""
+    rng = np.random.default_rng(7)
+    for n in (9, 12, 16, 24):
+        for _ in range(6):
+            bw = rng.choice([1.25e8, 1e9, 5e9, 3e10], size=(n, n)) * rng.uniform(0.9, 1.1, (n, n))
+            lat = rng.choice([1e-5, 1e-3, 0.05], size=(n, n))
+            bw, lat = (bw + bw.T) / 2, (lat + lat.T) / 2
+            got = evo.rings.heuristic_rings(bw.copy(), lat.copy(), 3e8)
+            assert [tuple(r) for r in got.tolist()] == _rings_one_tour_at_a_time(bw, lat, 3e8)
+            assert all(sorted(r) == list(range(n)) for r in got.tolist())
+
+
 # ---- ground truth ----------------------------------------------------------------------------
 
 

@@ -40,6 +40,8 @@ class Evaluator:
         self.msg = lat + prob.pp_bytes / bw
         self.has_pp = prob.pp > 1 and prob.pp_bytes > 0
         self.cls = interchangeable(bw, lat)
+        # The distinct per-stage gradient volumes (bytes) and each stage's index into them.
+        self._vols, self._vol_of_stage = np.unique(prob.dp_bytes, return_inverse=True)
         self._rings: dict[int, np.ndarray] = {}
         self._group: dict[bytes, np.ndarray] = {}
         self._pair: dict[tuple[bytes, bytes], float] = {}
@@ -101,10 +103,9 @@ class Evaluator:
                 b_min = bw.ravel()[edges].min(axis=1)
                 l_max = lat.ravel()[edges].max(axis=1)
                 # 2(n-1) alpha + 2(n-1)/n S/B for the best ring at each stage's volume.
-                vols, inverse = np.unique(s, return_inverse=True)
                 best = np.min(2 * (n - 1) * l_max[:, None]
-                              + 2 * (n - 1) / n * vols[None, :] / b_min[:, None], axis=0)
-                out = best[inverse]
+                              + 2 * (n - 1) / n * self._vols[None, :] / b_min[:, None], axis=0)
+                out = best[self._vol_of_stage]
             out = np.where(s > 0, out, 0.0)
         out.setflags(write=False)
         self._group[key] = out

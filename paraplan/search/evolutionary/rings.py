@@ -19,38 +19,56 @@ def ring_table(n: int) -> np.ndarray:
 def heuristic_rings(bw: np.ndarray, lat: np.ndarray, s_ref: float, starts: int = 4,
                     ) -> np.ndarray:
     """Candidate rings for a large group: nearest neighbour from a few starts on the ring-step
-    time ``lat + s_ref/(n bw)`` (seconds), then 2-opt on its 4th power (an additive stand-in
-    for the bottleneck objective)."""
+    time ``lat + s_ref/(n bw)`` (seconds), then best-improvement 2-opt on its 4th power (an
+    additive stand-in for the bottleneck objective). Distinct rings, rows in lexicographic
+    order.
+
+    The starts are independent; they advance together as rows of one array (each tour takes
+    its own moves and stops on its own), which gives the rings one tour at a time would.
+    """
     n = bw.shape[0]
     w = lat + s_ref / (n * bw)
     np.fill_diagonal(w, np.inf)
     scale = np.min(w) if np.isfinite(np.min(w)) and np.min(w) > 0 else 1.0
     w4 = (w / scale) ** 4
     np.fill_diagonal(w4, 0.0)
-    rings = []
-    for start in np.linspace(0, n - 1, min(starts, n)).astype(int):
-        tour = [int(start)]
-        free = np.ones(n, bool)
-        free[start] = False
-        for _ in range(n - 1):
-            cand = np.where(free, w[tour[-1]], np.inf)
-            nxt = int(np.argmin(cand))
-            tour.append(nxt)
-            free[nxt] = False
-        t = np.array(tour)
-        for _ in range(4 * n):  # 2-opt: reverse t[i+1..j]
-            a, b = t, np.roll(t, -1)
-            old = w4[a, b]
-            delta = (w4[a[:, None], a[None, :]] + w4[b[:, None], b[None, :]]
-                     - old[:, None] - old[None, :])
-            delta = np.triu(delta, 2)  # edges i and j must not share a node ...
-            delta[0, n - 1] = 0.0  # ... including the closing edge of the ring
-            i, j = np.unravel_index(int(np.argmin(delta)), delta.shape)
-            if delta[i, j] >= -1e-12 * max(1.0, old.sum()):
-                break
-            t = np.concatenate([t[:i + 1], t[i + 1:j + 1][::-1], t[j + 1:]])
-        rings.append(t)
-    return np.unique(np.array(rings), axis=0)
+    first = np.linspace(0, n - 1, min(starts, n)).astype(int)
+    rows = np.arange(first.size)
+    tours = np.empty((first.size, n), dtype=np.intp)
+    left = np.broadcast_to(w, (first.size, n, n)).copy()  # visited GPUs' columns set to inf
+    cur = first
+    tours[:, 0] = cur
+    left[rows, :, cur] = np.inf
+    for k in range(1, n):  # nearest neighbour (the first of equals, as argmin gives)
+        cur = left[rows, cur].argmin(axis=1)
+        tours[:, k] = cur
+        left[rows, :, cur] = np.inf
+    # 2-opt may swap edges i and j only when they share no node: j >= i + 2, and not the
+    # first edge with the closing one.
+    idx = np.arange(n)
+    fixed = idx[None, :] < idx[:, None] + 2
+    fixed[0, n - 1] = True
+    active = rows
+    for _ in range(4 * n):  # each tour reverses t[i+1..j] at most 4n times
+        # Edge i joins t[i] and tb[i] = t[i+1]; swapping edges i and j changes the sum by
+        # w4[t_i, t_j] + w4[tb_i, tb_j] - w4[t_i, tb_i] - w4[t_j, tb_j].
+        t = tours[active]
+        tb = np.concatenate((t[:, 1:], t[:, :1]), axis=1)
+        old = w4[t, tb]
+        delta = (w4[t[:, :, None], t[:, None, :]] + w4[tb[:, :, None], tb[:, None, :]]
+                 - old[:, :, None] - old[:, None, :])
+        delta[:, fixed] = 0.0
+        flat = delta.reshape(active.size, -1)
+        at = flat.argmin(axis=1)
+        better = flat[np.arange(active.size), at] < -1e-12 * np.maximum(1.0, old.sum(axis=1))
+        for a in np.flatnonzero(better):
+            i, j = divmod(int(at[a]), n)
+            row = tours[active[a]]
+            row[i + 1:j + 1] = row[i + 1:j + 1][::-1].copy()
+        active = active[better]
+        if not active.size:
+            break
+    return np.array(sorted({tuple(r) for r in tours.tolist()}), dtype=np.intp)
 
 
 def interchangeable(bw: np.ndarray, lat: np.ndarray) -> np.ndarray:
