@@ -28,17 +28,15 @@ from paraplan.specs.training import TrainingSpec
 FLASH_FWD_RELATIVE = 0.73 / 0.87  # FlashAttention-2 fwd vs cuBLAS GEMM efficiency (Dao 2023)
 FLASH_BWD_RELATIVE = 0.63 / 0.87
 KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy stream
-# Output tiles cuBLAS/CUTLASS choose for large bf16 GEMMs on Ampere/Hopper; one tile per SM per
-# wave, so the last partial wave idles SMs ("wave quantization", NVIDIA Deep Learning
-# Performance Guide, Matrix Multiplication Background, sec. "Wave Quantization").
+# cuBLAS/CUTLASS output tiles for large bf16 GEMMs on Ampere/Hopper; one per SM per wave, so a
+# partial last wave idles SMs (NVIDIA DL Performance Guide, Matrix Multiplication Background).
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
-# SMs NCCL kernels occupy while a collective overlaps compute (NCCL runs one block per
-# channel; 16 channels is its usual count for NVLink/IB rings, ``GPUSpec.nccl_channels``
-# where a profile cites its own). Overlapped communication therefore slows compute by about
-# channels / sm_count: a collective lasting C seconds under compute takes C * channels /
-# sm_count of its SM-time, done later at full speed (Calculon models the same effect as
-# compute "stolen" by overlapped collectives).
+# SMs NCCL kernels occupy while a collective overlaps compute (one block per channel; 16 is
+# its usual count for NVLink/IB rings, ``GPUSpec.nccl_channels`` where a profile cites its
+# own): a collective of C seconds under compute takes C * channels / sm_count of its SM-time,
+# done later at full speed (Calculon: compute "stolen" by overlapped collectives).
 NCCL_SMS = 16
+SUSTAINED_GEMM_SQUARES = (4096, 8192, 16384)  # n of the n^3 GEMMs sustained figures best-of
 # Bytes written per GEMM input element by a fused fp8 cast (Transformer Engine's
 # cast_transpose, torch.compile'd torchao): the row-wise fp8 copy for the forward GEMM and the
 # column-wise (transposed) one the weight-gradient GEMM needs, 1 B each. Hopper's fp8 tensor
@@ -106,11 +104,16 @@ class Device:
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
             else gpu.matmul_efficiency
-        # Every compute efficiency is a burst measurement; training runs at the clock the
-        # power limit sustains (GPUSpec.sustained_clock_fraction, cited per profile), lower
-        # still on hosts that cap the board below its TDP (GPUSpec.power_fraction).
+        # Burst efficiencies run at the clock the power limit sustains (sustained_clock_fraction)
+        # and below a host's lower cap (power_fraction); a directly measured sustained GEMM
+        # figure (sustained_matmul_efficiency) replaces burst x clock for GEMMs.
         clock = gpu.sustained_clock_fraction * gpu.power_fraction
-        matmul = peak * eff * clock
+        fp8 = precision == "fp8"
+        sustained = gpu.sustained_matmul_efficiency
+        if fp8 and sustained is not None:
+            sustained = gpu.sustained_matmul_efficiency_fp8 or sustained * eff / \
+                gpu.matmul_efficiency
+        matmul = peak * (eff * clock if sustained is None else sustained * gpu.power_fraction)
         # Attention kernels run in 16-bit even in fp8 training.
         peak16 = max(gpu.peak_tflops.get("bf16", 0.0), gpu.peak_tflops.get("fp16", 0.0)) * 1e12
         peak16 = peak16 or peak
@@ -118,7 +121,6 @@ class Device:
                                 or gpu.matmul_efficiency * FLASH_FWD_RELATIVE)
         bwd = peak16 * clock * (gpu.attention_efficiency_bwd
                                 or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
-        fp8 = precision == "fp8"
         cast = (5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES
                 + FP8_CURRENT_SCALING_REREAD_BYTES * (scaling == "current")) if fp8 else 0.0
         # fp8 GEMMs read a measured fp8 table where the profile has one; else the 16-bit
@@ -126,6 +128,9 @@ class Device:
         table, scale = gpu.gemm_table, eff / gpu.matmul_efficiency * clock
         if fp8 and gpu.gemm_table_fp8 is not None:
             table, scale = gpu.gemm_table_fp8, clock
+        if table is not None and sustained is not None:  # shape from the table, level measured
+            scale = sustained * gpu.power_fraction / table.best_square_efficiency(
+                SUSTAINED_GEMM_SQUARES)
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,

@@ -62,6 +62,11 @@ class GemmTable(StrictModel):
                 raise ValueError("grid axes must be strictly increasing positive sizes")
         return self
 
+    def best_square_efficiency(self, sizes: tuple[int, ...]) -> float:
+        """Best efficiency (0..1) over the square shapes ``sizes`` (lookups clamp at the
+        grid's edges): the table's value where a sustained measurement picked its best."""
+        return max(self.efficiency(n, n, n) for n in sizes)
+
     def efficiency(self, m: float, n: float, k: float) -> float:
         """Measured TFLOP/s at (m, n, k) divided by the reference peak (0..1)."""
         memo = self.memo
@@ -144,6 +149,15 @@ class GPUSpec(StrictModel):
     above, measured in seconds-long benchmarks near boost clock) that compute-bound kernels
     keep once the clock has settled at the power limit in hours-long training; 1.0 where no
     public figure exists. Memory bandwidth is not scaled."""
+    sustained_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the 16-bit peak cuBLAS sustains on large square GEMMs (the best of n =
+    4096, 8192, 16384) once the clock has settled at the power limit, measured directly
+    (seconds-long timed runs after a settle); where set it replaces ``matmul_efficiency *
+    sustained_clock_fraction`` for GEMMs, and ``gemm_table`` is scaled so that its best value
+    over those shapes equals it. None = that product."""
+    sustained_matmul_efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
+    """Same for fp8 GEMMs, as a fraction of the fp8 peak; None = the 16-bit figure scaled by
+    ``matmul_efficiency_fp8 / matmul_efficiency`` (or the product above without it)."""
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
     nccl_channels: int | None = Field(default=None, gt=0, le=1024)
