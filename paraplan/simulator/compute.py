@@ -36,7 +36,6 @@ GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 # own): a collective of C seconds under compute takes C * channels / sm_count of its SM-time,
 # done later at full speed (Calculon: compute "stolen" by overlapped collectives).
 NCCL_SMS = 16
-SUSTAINED_GEMM_SQUARES = (4096, 8192, 16384)  # n of the n^3 GEMMs sustained figures best-of
 # Bytes written per GEMM input element by a fused fp8 cast (Transformer Engine's
 # cast_transpose, torch.compile'd torchao): the row-wise fp8 copy for the forward GEMM and the
 # column-wise (transposed) one the weight-gradient GEMM needs, 1 B each. Hopper's fp8 tensor
@@ -129,8 +128,7 @@ class Device:
         if fp8 and gpu.gemm_table_fp8 is not None:
             table, scale = gpu.gemm_table_fp8, clock
         if table is not None and sustained is not None:  # shape from the table, level measured
-            scale = sustained * gpu.power_fraction / table.best_square_efficiency(
-                SUSTAINED_GEMM_SQUARES)
+            scale = sustained * gpu.power_fraction / table.best_square_efficiency()
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,

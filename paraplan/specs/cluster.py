@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
 
 
+SUSTAINED_GEMM_SQUARES = (4096, 8192, 16384)
+"""n of the n^3 GEMMs whose best a ``GPUSpec.sustained_matmul_efficiency`` figure is
+(tile-ai/TileOPs gemm_throughput.py: best of these, after the clock settles)."""
+
+
 class GemmTable(StrictModel):
     """Measured GEMM throughput on a grid of shapes (TFLOP/s), for one GPU architecture.
 
@@ -62,7 +67,7 @@ class GemmTable(StrictModel):
                 raise ValueError("grid axes must be strictly increasing positive sizes")
         return self
 
-    def best_square_efficiency(self, sizes: tuple[int, ...]) -> float:
+    def best_square_efficiency(self, sizes: tuple[int, ...] = SUSTAINED_GEMM_SQUARES) -> float:
         """Best efficiency (0..1) over the square shapes ``sizes`` (lookups clamp at the
         grid's edges): the table's value where a sustained measurement picked its best."""
         return max(self.efficiency(n, n, n) for n in sizes)
@@ -150,8 +155,8 @@ class GPUSpec(StrictModel):
     keep once the clock has settled at the power limit in hours-long training; 1.0 where no
     public figure exists. Memory bandwidth is not scaled."""
     sustained_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
-    """Fraction of the 16-bit peak cuBLAS sustains on large square GEMMs (the best of n =
-    4096, 8192, 16384) once the clock has settled at the power limit, measured directly
+    """Fraction of the 16-bit peak cuBLAS sustains on large square GEMMs (the best over
+    ``SUSTAINED_GEMM_SQUARES``) once the clock has settled at the power limit, measured directly
     (seconds-long timed runs after a settle); where set it replaces ``matmul_efficiency *
     sustained_clock_fraction`` for GEMMs, and ``gemm_table`` is scaled so that its best value
     over those shapes equals it. None = that product."""
