@@ -10,7 +10,8 @@ import pytest
 
 from paraplan.simulator import collectives as coll
 from paraplan.simulator import moe
-from paraplan.simulator.compute import Device, elementwise_bytes_per_token
+from paraplan.simulator.compute import Device
+from paraplan.simulator.elementwise import elementwise_bytes_per_token
 from paraplan.simulator.layer import compose_layer_cost, layer_parts
 from paraplan.simulator.memory import layer_activation_bytes
 from paraplan.specs.loaders import load_cluster, load_model, load_trainer
@@ -226,7 +227,8 @@ def test_one_moe_layer_matches_megatron_moe_perf(proxy: str, dispatcher: str) ->
     all-to-alls) against Megatron's measured layer. The harness hides the router's launch
     overhead behind a dummy GEMM, so this is mostly GPU time; paraplan is 8-27% too fast on
     it (README, "MoE runs"): held within 30%, and never slower than measured."""
-    from paraplan.simulator.compute import elementwise_bytes_per_token, mlp_gemm_time
+    from paraplan.simulator.compute import mlp_gemm_time
+    from paraplan.simulator.elementwise import elementwise_bytes_per_token
 
     model = _moe_perf_proxy(proxy)
     cluster = load_cluster("dgx-h100", 1)
@@ -318,7 +320,7 @@ def test_gpt_oss_clamped_glu_and_expert_biases_move_their_own_bytes() -> None:
     re-concatenation of the GLU halves (16 B per expert-width element) and the expert-by-expert
     fc2 bias add (12 B per hidden element); eager stacks 20 and 8. A plain GLU without biases
     pays neither."""
-    from paraplan.simulator.compute import EXPERT_BIAS_BYTES, GLU_CLAMP_BYTES
+    from paraplan.simulator.elementwise import EXPERT_BIAS_BYTES, GLU_CLAMP_BYTES
 
     model = load_model("gpt-oss-120b")
     assert model.glu_clamp == 7.0 and model.use_bias

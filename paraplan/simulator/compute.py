@@ -18,6 +18,7 @@ from functools import lru_cache
 
 from paraplan.simulator import moe as routing
 from paraplan.simulator.copies import eager_ring_bytes
+from paraplan.simulator.elementwise import elementwise_bytes_per_token
 from paraplan.simulator.grads import grad_accumulation_time
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
@@ -48,20 +49,6 @@ FP8_FUSED_CAST_BYTES = 2.0
 # the reduction (TE Float8CurrentScalingQuantizer: amax "computed directly by scanning the
 # input high-precision tensor"; torchtitan float8.md: "the overhead of dynamic quantization").
 FP8_CURRENT_SCALING_REREAD_BYTES = 2.0
-# gpt-oss's clamped GLU (``ModelSpec.glu_clamp``), bytes per unit of the expert width beyond
-# the fused gated activation's 6: Megatron-Core's TEGroupedMLP (experts.py
-# ``weighted_bias_quick_geglu_impl`` at 3097d81, Megatron-Bridge 26.04) clamps the gate half
-# and the linear half in two eager ops (read + write 2 B each: 4 + 4) and concatenates them
-# again (``torch.cat``: 4 + 4) before the compiled activation kernel; eager stacks run the two
-# clamps, the ``x_linear + 1`` and the alpha-scaled sigmoid's extra multiply (8 + 4 + 8) on
-# top of their SwiGLU's 10.
-GLU_CLAMP_BYTES = {"fused": 16.0, "eager": 20.0}
-# Expert biases (``use_bias`` MoE models, gpt-oss), bytes per hidden element of each routed
-# row: the grouped GEMM takes no bias for the second matrix, so Megatron-Core adds it expert by
-# expert after scaling it by the routing weight (experts.py ``_apply_bias``: ``t + b * p``, then
-# ``torch.cat``): write b * p (2), read both and write (6), the concatenation (4); an eager
-# stack's indexed bias add writes the gathered bias (2) and adds (6).
-EXPERT_BIAS_BYTES = {"fused": 12.0, "eager": 8.0}
 KERNELS_PER_LAYER_FWD = 12  # norms, QKV, rope, attention, proj, adds, MLP matmuls, activation
 
 
@@ -194,61 +181,6 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
     return gemm
 
 
-def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                                *, moe: bool) -> float:
-    """Bytes of memory traffic of one layer's forward non-GEMM ops, per token (one rank).
-
-    Counted per op from the kernels each implementation launches (read + write bytes per
-    element). Fused (Megatron fused kernels, torch.compile): a norm reads and writes once
-    (4 B/element), a residual add reads two and writes one (6), rotary reads and writes q/k
-    (4), the MLP activation reads its input(s) and writes once (4, or 6 when gated), dropout
-    writes a 1-byte mask too. Eager PyTorch (torchtitan without compile): RMSNorm in fp32
-    (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
-    complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
-    native kernels either way. MoE layers add routing their tokens to the experts and back
-    (``moe.permute_elements_per_token``, on the rank's own tokens: the mean load); the expert
-    activation runs on the busiest rank's rows (``moe.load_factor``). gpt-oss's clamped GLU
-    (``ModelSpec.glu_clamp``) clamps both halves outside the fused kernel and Megatron copies
-    them back together first (``GLU_CLAMP_BYTES``); expert biases are added outside the
-    grouped GEMM (``EXPERT_BIAS_BYTES``). Counts are for 16-bit elements and scale with the
-    element size (fp32 training: x2).
-    """
-    h = model.hidden_size
-    t = plan.tp
-    sp = t if plan.sequence_parallel else 1
-    eager = training.kernels == "eager"
-    norm = 36.0 if (eager and model.norm == "rmsnorm") else 4.0
-    gated = model.mlp_matrices == 3
-    act = (10.0 if eager else 6.0) if gated else 4.0
-    if gated and model.glu_clamp:
-        act += GLU_CLAMP_BYTES["eager" if eager else "fused"]
-    rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
-    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``), as many as the busiest
-    # rank receives (``moe.load_factor``, as its expert GEMMs); shared experts are TP-split.
-    ffn = model.ffn_hidden_size / t if not moe else (
-        model.expert_ffn * routing.routed_copies_per_token(model, plan) / plan.expert_tp
-        * routing.load_factor(training, plan)
-        + model.expert_ffn * model.num_shared_experts / t)
-    per_token = (2 * norm + 2 * 6.0) * h / sp
-    att = model.attention
-    per_token += rope * att.rope_width / t
-    if model.qk_norm:  # per-head RMSNorm of q and k
-        per_token += norm * (att.q_width + att.k_width) / t
-    per_token += act * ffn
-    if training.dropout:
-        per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
-    if moe:
-        # Routing runs on the T dispatched tokens, b s / (cp tp) under SP (not the b s / cp).
-        per_token += (2.0 * routing.permute_elements_per_token(model, plan, eager=eager)
-                      / routing.sp_split(plan))
-        if model.use_bias:  # every routed row's second expert matrix adds its bias
-            rows = routing.routed_copies_per_token(model, plan) * routing.load_factor(training,
-                                                                                      plan)
-            per_token += EXPERT_BIAS_BYTES["eager" if eager else "fused"] * h * rows
-    # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
-    return per_token * training.compute_bytes / 2
-
-
 @dataclass(frozen=True)
 class LayerTimes:
     """Compute time of one layer for one micro-batch on one rank (no communication)."""
@@ -268,27 +200,24 @@ class LayerTimes:
     between the dispatch and the combine all-to-all."""
 
 
-def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
-                *, moe: bool) -> LayerTimes:
-    """Forward/backward compute time of one layer, one micro-batch, one rank (seconds).
+def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                    device: Device) -> tuple[float, float, float]:
+    """(projection GEMMs forward, attention forward, attention backward) seconds of one layer,
+    one micro-batch, one rank: the part of ``layer_times`` that reads only the plan's tp, cp
+    and micro-batch size, so a search can share it across every MoE key with those.
 
-    Tokens per rank: b*s/cp. TP splits every projection's output (column-parallel) or input
-    (row-parallel) dimension by t; experts are split by expert-TP, and under EP each rank's
-    experts see, on average, top_k * tokens tokens in total.
-    """
+    Projections (QKV + O; MLA's replicated down projection whole): TP splits each one's output
+    (column-parallel) or input (row-parallel) dimension by t, on b*s/cp tokens. Attention
+    scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip the masked
+    half; without flash the s x s scores are materialised (memory-bound softmax); ring
+    attention adds its merges (``cp_merge_times``)."""
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     att = model.attention
-
     proj = 0.0
-    for projection in att.projections:  # QKV + O; MLA's replicated down projection whole
+    for projection in att.projections:
         k, n = projection.per_rank(t)
         proj += gemm_time(device, tokens, n, k)
-    experts = expert_gemm_time(model, training, plan, device) if moe else 0.0
-    mlp = mlp_gemm_time(model, training, plan, device, moe=moe, experts_s=experts)
-
-    # Attention scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip
-    # the masked half; without flash the s x s scores are materialised (memory-bound softmax).
     heads = model.num_attention_heads / t
     s_q = training.seq_len / plan.cp
     b = plan.micro_batch_size
@@ -308,12 +237,26 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
         attn_fwd = score_flops / device.matmul_flops + softmax_bytes / device.memory_Bps
         attn_bwd = 2.0 * score_flops / device.matmul_flops + 2.0 * softmax_bytes / \
             device.memory_Bps
-
     if plan.cp > 1:
         merge_f, merge_b = cp_merge_times(model, training, plan, device)
         attn_fwd += merge_f
         attn_bwd += merge_b
+    return proj, attn_fwd, attn_bwd
 
+
+def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
+                *, moe: bool, attention: tuple[float, float, float] | None = None
+                ) -> LayerTimes:
+    """Forward/backward compute time of one layer, one micro-batch, one rank (seconds).
+
+    Tokens per rank: b*s/cp. The projections and attention are ``attention_times``
+    (``attention``: its result when the caller has it); experts are split by expert-TP, and
+    under EP each rank's experts see, on average, top_k * tokens tokens in total.
+    """
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    proj, attn_fwd, attn_bwd = attention or attention_times(model, training, plan, device)
+    experts = expert_gemm_time(model, training, plan, device) if moe else 0.0
+    mlp = mlp_gemm_time(model, training, plan, device, moe=moe, experts_s=experts)
     elem_fwd = tokens * elementwise_bytes_per_token(model, training, plan, moe=moe) / \
         device.memory_Bps
     overhead = KERNELS_PER_LAYER_FWD * KERNEL_OVERHEAD_S

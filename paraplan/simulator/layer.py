@@ -94,11 +94,13 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
 
 
 def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
-                        plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0
+                        plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0,
+                        attention: tuple[float, float, float] | None = None
                         ) -> tuple[LayerTimes, float, float, float]:
     """``layer_parts``' compute times and exposed TP and CP traffic (forward, backward):
     everything but the expert all-to-alls, so nothing here reads the MoE dispatcher or its
-    overlap (``training.moe_dispatcher``, ``moe_a2a_overlap``)."""
+    overlap (``training.moe_dispatcher``, ``moe_a2a_overlap``). ``attention``: the plan's
+    ``compute.attention_times`` when the caller has it."""
     t, cp = plan.tp, plan.cp
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -106,7 +108,7 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
 
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
-    lt = layer_times(model, training, plan, device, moe=moe)
+    lt = layer_times(model, training, plan, device, moe=moe, attention=attention)
     tp_c = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))

@@ -16,7 +16,7 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import Device
+from paraplan.simulator.compute import Device, attention_times
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
@@ -238,13 +238,19 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
     lc[:, 1] = lc[:, 0]
     if model.is_moe:
         mu, minv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
+        attention: dict[tuple[int, int, int], tuple[float, float, float]] = {}
 
         def moe_row(key: list[int]) -> tuple[float, ...]:
             hit = memo.get(("moe", run_free, *key))
             if hit is None:
                 plan = plan_of(*key)
+                # Projections and attention read only (tp, cp, mbs): shared by the MoE keys.
+                att = attention.get((key[0], key[1], key[3]))
+                if att is None:
+                    att = attention[key[0], key[1], key[3]] = attention_times(
+                        model, training, plan, dev)
                 hit = memo[("moe", run_free, *key)] = (plan, layer_compute_parts(
-                    model, topo, training, plan, dev, moe=True))
+                    model, topo, training, plan, dev, moe=True, attention=att))
             plan, (lt, tp_c, cp_c, cp_b) = hit
             ep_c, overlap = layer_ep_parts(model, topo, training, plan, dev, moe=True)
             return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap))

@@ -1,0 +1,81 @@
+"""Memory traffic of a layer's non-GEMM ops (norms, residual adds, rotary, activations, MoE
+routing), per token and rank, counted kernel by kernel for fused and eager stacks. The
+roofline in ``compute`` runs these bytes at the achievable memory bandwidth. Bytes; no times.
+"""
+
+from __future__ import annotations
+
+from paraplan.simulator import moe as routing
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+# gpt-oss's clamped GLU (``ModelSpec.glu_clamp``), bytes per unit of the expert width beyond
+# the fused gated activation's 6: Megatron-Core's TEGroupedMLP (experts.py
+# ``weighted_bias_quick_geglu_impl`` at 3097d81, Megatron-Bridge 26.04) clamps the gate half
+# and the linear half in two eager ops (read + write 2 B each: 4 + 4) and concatenates them
+# again (``torch.cat``: 4 + 4) before the compiled activation kernel; eager stacks run the two
+# clamps, the ``x_linear + 1`` and the alpha-scaled sigmoid's extra multiply (8 + 4 + 8) on
+# top of their SwiGLU's 10.
+GLU_CLAMP_BYTES = {"fused": 16.0, "eager": 20.0}
+# Expert biases (``use_bias`` MoE models, gpt-oss), bytes per hidden element of each routed
+# row: the grouped GEMM takes no bias for the second matrix, so Megatron-Core adds it expert by
+# expert after scaling it by the routing weight (experts.py ``_apply_bias``: ``t + b * p``, then
+# ``torch.cat``): write b * p (2), read both and write (6), the concatenation (4); an eager
+# stack's indexed bias add writes the gathered bias (2) and adds (6).
+EXPERT_BIAS_BYTES = {"fused": 12.0, "eager": 8.0}
+
+
+def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                                *, moe: bool) -> float:
+    """Bytes of memory traffic of one layer's forward non-GEMM ops, per token (one rank).
+
+    Counted per op from the kernels each implementation launches (read + write bytes per
+    element). Fused (Megatron fused kernels, torch.compile): a norm reads and writes once
+    (4 B/element), a residual add reads two and writes one (6), rotary reads and writes q/k
+    (4), the MLP activation reads its input(s) and writes once (4, or 6 when gated), dropout
+    writes a 1-byte mask too. Eager PyTorch (torchtitan without compile): RMSNorm in fp32
+    (upcast, square, mean, scale, downcast, weight: 36 B/element), rotary through fp32
+    complex views (20), SwiGLU as silu then multiply (10); LayerNorm and GELU are single
+    native kernels either way. MoE layers add routing their tokens to the experts and back
+    (``moe.permute_elements_per_token``, on the rank's own tokens: the mean load); the expert
+    activation runs on the busiest rank's rows (``moe.load_factor``). gpt-oss's clamped GLU
+    (``ModelSpec.glu_clamp``) clamps both halves outside the fused kernel and Megatron copies
+    them back together first (``GLU_CLAMP_BYTES``); expert biases are added outside the
+    grouped GEMM (``EXPERT_BIAS_BYTES``). Counts are for 16-bit elements and scale with the
+    element size (fp32 training: x2).
+    """
+    h = model.hidden_size
+    t = plan.tp
+    sp = t if plan.sequence_parallel else 1
+    eager = training.kernels == "eager"
+    norm = 36.0 if (eager and model.norm == "rmsnorm") else 4.0
+    gated = model.mlp_matrices == 3
+    act = (10.0 if eager else 6.0) if gated else 4.0
+    if gated and model.glu_clamp:
+        act += GLU_CLAMP_BYTES["eager" if eager else "fused"]
+    rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
+    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``), as many as the busiest
+    # rank receives (``moe.load_factor``, as its expert GEMMs); shared experts are TP-split.
+    ffn = model.ffn_hidden_size / t if not moe else (
+        model.expert_ffn * routing.routed_copies_per_token(model, plan) / plan.expert_tp
+        * routing.load_factor(training, plan)
+        + model.expert_ffn * model.num_shared_experts / t)
+    per_token = (2 * norm + 2 * 6.0) * h / sp
+    att = model.attention
+    per_token += rope * att.rope_width / t
+    if model.qk_norm:  # per-head RMSNorm of q and k
+        per_token += norm * (att.q_width + att.k_width) / t
+    per_token += act * ffn
+    if training.dropout:
+        per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
+    if moe:
+        # Routing runs on the T dispatched tokens, b s / (cp tp) under SP (not the b s / cp).
+        per_token += (2.0 * routing.permute_elements_per_token(model, plan, eager=eager)
+                      / routing.sp_split(plan))
+        if model.use_bias:  # every routed row's second expert matrix adds its bias
+            rows = routing.routed_copies_per_token(model, plan) * routing.load_factor(training,
+                                                                                      plan)
+            per_token += EXPERT_BIAS_BYTES["eager" if eager else "fused"] * h * rows
+    # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
+    return per_token * training.compute_bytes / 2
