@@ -351,3 +351,23 @@ def test_hf_import_reads_the_swiglu_limit(tmp_path) -> None:
             load_model(str(path))
     path.write_text(json.dumps({**cfg, "swiglu_limit": 5}))
     assert load_model(str(path)).glu_clamp == 5.0
+
+
+@pytest.mark.parametrize("ep,etp,sp", [(8, 1, False), (32, 1, True), (4, 2, True)])
+def test_the_attention_half_a_search_shares_prices_the_layer_as_computing_it(ep, etp, sp
+                                                                              ) -> None:
+    # The vectorized search computes the projections and attention once per (tp, cp, mbs)
+    # and hands them to every MoE key with those (compute.attention_times): the layer must
+    # come out bit for bit as when layer_times computes them itself.
+    from paraplan.simulator.compute import attention_times, layer_times
+
+    model = load_model("deepseek-v3")
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, precision="fp8")
+    dev = Device.of_training(load_cluster("dgx-h800").gpu, training)
+    shared = attention_times(model, training, ParallelPlan(tp=2, cp=2, ep=2), dev)
+    plan = ParallelPlan(tp=2, cp=2, ep=ep, etp=etp, sequence_parallel=sp)
+    assert layer_times(model, training, plan, dev, moe=True, attention=shared) == \
+        layer_times(model, training, plan, dev, moe=True)
+    other_tp = ParallelPlan(tp=4, cp=2, ep=ep, etp=etp, sequence_parallel=sp)
+    assert layer_times(model, training, other_tp, dev, moe=True, attention=shared) != \
+        layer_times(model, training, other_tp, dev, moe=True)  # the key matters: tp does
