@@ -300,3 +300,55 @@ def test_recipe_with_a_guessed_layout_is_priced_at_its_best_split():
     # A recipe whose layout paraplan was given is left alone.
     stated = dataclasses.replace(case, assumptions=())
     assert _recipe_layout(stated, trainer, even) is None
+
+
+def test_later_run_settings_only_simulate_what_can_reach_the_top_and_rank_the_same():
+    # search() hands each later run setting the top-th best time found so far (a cutoff):
+    # its searcher simulates only plans that can beat it. The merged ranking must be the one
+    # of every setting searched in full.
+    from paraplan.search.dispatch import _merge
+    from paraplan.search.exhaustive import exhaustive_search
+    from paraplan.search.space import SpaceOptions
+
+    cl = load_cluster("dgx-h100", nodes=4)
+    mc = load_trainer("megatron-core")
+    fast = search(MIXTRAL, cl, TRAINING, top=5, trainer=mc, searcher="exhaustive")
+    tr = trainer_training(mc, TRAINING)
+    runs = moe_runs(MIXTRAL, tr, mc, {}, set())
+    full = [exhaustive_search(MIXTRAL, load_cluster("dgx-h100", nodes=4), run, top=5,
+                              trainer=mc, options=None if i == 0 else
+                              SpaceOptions(expert_parallel_only=True))
+            for i, run in enumerate(runs)]
+    merged = _merge(full, runs, 5)
+    assert [(r.extra["plan_short"], r.step_time_s) for r in fast.reports] == \
+        [(r.extra["plan_short"], r.step_time_s) for r in merged.reports]
+    assert fast.baseline_step_time_s == merged.baseline_step_time_s
+    # Searched in full, every setting returns its own five.
+    assert sum(len(r.reports) for r in full) == 5 * len(runs)
+
+
+def test_top_k_with_a_cutoff_simulates_only_rows_that_can_beat_it():
+    from paraplan.search.exhaustive import top_k
+
+    calls = []
+
+    class Rep:
+        feasible = True
+
+        def __init__(self, t: float) -> None:
+            self.step_time_s = t
+            self.memory_gb = {"peak": 1.0}
+            self.plan = {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
+
+    def sim(i: int) -> Rep:
+        calls.append(i)
+        return Rep(float(step[i]))
+
+    step = np.array([3.0, 1.0, 5.0, 2.0, 4.0])
+    bound = np.ones(5, dtype=bool)
+    feasible = np.ones(5, dtype=bool)
+    assert [r.step_time_s for r in top_k(step, bound, feasible, 2, sim)] == [1.0, 2.0]
+    assert sorted(calls) == [1, 3]
+    calls.clear()
+    assert [r.step_time_s for r in top_k(step, bound, feasible, 2, sim, cutoff=1.5)] == [1.0]
+    assert calls == [1]  # 2.0 cannot beat the 1.5 found elsewhere: never simulated

@@ -251,7 +251,8 @@ def test_key_index_sorts_the_rows_where_the_code_would_overflow():
 def test_other_moe_run_settings_reuse_the_per_key_costs() -> None:
     """The spaces of the other MoE run settings (``derive_space``) share the base's memo: the
     compute, TP/CP and activation parts, which read neither the dispatcher nor its overlap,
-    are computed once, and the all-to-alls per setting. Sharing changes no number."""
+    are computed once, and the all-to-alls once per dispatcher (the overlap does not change
+    them). Sharing changes no number."""
     from dataclasses import replace
 
     from paraplan.search.space.build import derive_space
@@ -260,14 +261,23 @@ def test_other_moe_run_settings_reuse_the_per_key_costs() -> None:
     tr = TrainingSpec(global_batch_size=256, seq_len=4096)
     base = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=2))
     evaluate_space(base, times_for_oom=True)
-    filled = len(base.memo)
-    assert filled > 0
+
+    def run_free() -> int:
+        return sum(1 for k in base.memo if k[0] != "a2a")
+
+    def a2a(dispatcher: str) -> int:
+        return sum(1 for k in base.memo if k[0] == "a2a" and k[2] == dispatcher)
+
+    filled, own = run_free(), a2a(tr.moe_dispatcher)
+    assert filled > 0 and own > 0
     for run in ({"moe_dispatcher": "hierarchical"}, {"moe_a2a_overlap": True}):
         derived = derive_space(base, tr.model_copy(update=run))
         assert derived.memo is base.memo
         shared = evaluate_space(derived, times_for_oom=True)
-        assert len(base.memo) == filled  # every key's run-free part was there already
+        assert run_free() == filled  # every key's run-free part was there already
+        assert a2a(tr.moe_dispatcher) == own  # the overlap setting reused the all-to-alls
         alone = evaluate_space(replace(derived, memo={}), times_for_oom=True)
         np.testing.assert_array_equal(shared.step_time_s, alone.step_time_s)
         np.testing.assert_array_equal(shared.peak_gib, alone.peak_gib)
         assert shared.time["ep_comm"].any()
+    assert a2a("hierarchical") > 0  # the other dispatcher's were priced on their own

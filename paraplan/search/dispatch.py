@@ -57,6 +57,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
               else None)
     results: list[SearchResult] = []
     failures: list[SpecError] = []
+    cutoff = None
     for i, run in enumerate(runs):
         # Plans without expert parallelism price alike under every setting: only the first
         # (the trainer's own) ranks them.
@@ -65,7 +66,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         space = None if spaces is None else next(spaces)
         try:
             result = _run(model, cluster, run, searcher, top, pins, opts,
-                          _part(progress, i, len(runs)), seed, spec, space)
+                          _part(progress, i, len(runs)), seed, spec, space, cutoff)
         except SpecError as exc:  # e.g. nothing fits without the overlap: try the others
             failures.append(exc)
             continue
@@ -75,11 +76,26 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             for rep in result.reports:
                 rep.extra.update(run_fields(run))
         results.append(result)
+        cutoff = _kth_time(results, top)
     if not results:
         raise failures[0]
     if len(runs) == 1:
         return results[0]
     return _merge(results, runs, top)
+
+
+def _kth_time(results: list[SearchResult], top: int) -> float | None:
+    """The ``top``-th best step time over the distinct plans the searches so far returned (a
+    plan found under two settings counts once, at its best), or None while there are fewer:
+    a plan of a later setting that cannot beat it cannot reach the merged ranking
+    (``_merge``)."""
+    best: dict[str, float] = {}
+    for res in results:
+        for rep in res.reports:
+            if rep.feasible and rep.step_time_s is not None:
+                key = json.dumps(rep.plan, sort_keys=True, default=str)
+                best[key] = min(best.get(key, rep.step_time_s), rep.step_time_s)
+    return sorted(best.values())[top - 1] if len(best) >= top else None
 
 
 def _part(progress: Progress | None, i: int, parts: int) -> Progress | None:
@@ -158,14 +174,15 @@ def _resolve(searcher: str, cluster: ClusterSpec) -> str:
 def _run(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, searcher: str,
          top: int, pins: dict[str, Any], options: SpaceOptions | None,
          progress: Progress | None, seed: int, trainer: TrainerSpec | None,
-         space: PlanSpace | None = None) -> SearchResult:
+         space: PlanSpace | None = None, cutoff: float | None = None) -> SearchResult:
     if searcher == "exhaustive":
         if not cluster.is_homogeneous:
             raise SpecError("the exhaustive searcher needs one GPU type; this cluster mixes "
                             f"{', '.join(cluster.gpu_types)}: use --searcher ilp or "
                             "evolutionary", field="searcher", value=searcher)
         return exhaustive_search(model, cluster, training, fix=pins, top=top, options=options,
-                                 progress=progress, trainer=trainer, space=space)
+                                 progress=progress, trainer=trainer, space=space,
+                                 cutoff=cutoff)
     if searcher == "dp":
         from paraplan.search.dp import dp_search
 

@@ -164,19 +164,24 @@ ESTIMATE_MARGIN = 0.05
 
 
 def top_k(step: np.ndarray, bound: np.ndarray, feasible: np.ndarray, k: int,
-          simulate_row: Callable[[int], StepReport]) -> list[StepReport]:
+          simulate_row: Callable[[int], StepReport], cutoff: float | None = None
+          ) -> list[StepReport]:
     """The K fastest feasible plans as exact StepReports.
 
     ``step`` is exact or a lower bound where ``bound`` is true, else an estimate. Rows are
     visited in order of ``step``; a row whose bound cannot beat the K-th best exact time is
     skipped, and the scan stops once even estimates are ``ESTIMATE_MARGIN`` past it.
+    ``cutoff``: a K-th best exact time already known from elsewhere (another MoE run
+    setting's search), which the rows must beat as well: fewer than K reports may return.
     """
     rows = np.nonzero(feasible & np.isfinite(step))[0]
     order = rows[np.argsort(step[rows], kind="stable")]
     heap: list[tuple[float, int, StepReport]] = []  # max-heap on time via negation
     for i in order.tolist():
-        if len(heap) >= k:
-            kth = -heap[0][0]
+        kth = -heap[0][0] if len(heap) >= k else None
+        if cutoff is not None:
+            kth = cutoff if kth is None else min(kth, cutoff)
+        if kth is not None:
             if step[i] >= kth * (1 + ESTIMATE_MARGIN):
                 break
             if step[i] >= kth and bound[i]:
@@ -205,12 +210,16 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
                       options: SpaceOptions | None = None,
                       progress: Progress | None = None,
                       trainer: TrainerSpec | None = None,
-                      space: PlanSpace | None = None) -> SearchResult:
+                      space: PlanSpace | None = None,
+                      cutoff: float | None = None) -> SearchResult:
     """Rank every legal plan; return the ``top`` fastest that fit, as exact StepReports.
     With a ``trainer``, only plans it can express, priced as it runs them. For models whose
     layers differ in cost, the ``RESPLITS`` fastest pipelined plans (and shapes) are re-split by the
     layer-partition DP too (plans below them keep their near-even split). ``space``: the
     plans already built for these arguments (``build_space`` / ``derive_space``).
+    ``cutoff``: the ``top``-th best step time other searches of the same job already found
+    (``search`` under several MoE run settings): only plans that can beat it are simulated,
+    so fewer than ``top`` may return.
 
     Raises:
         SpecError: when no plan is legal or none fits in memory (the message says why).
@@ -243,7 +252,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
         return simulate(model, cluster, training, space.plan(i), trainer=trainer)
 
     bound = space.cols["uneven"] == 0  # exact, or a lower bound (interleaved m % pp != 0)
-    reports = top_k(ev.step_time_s, bound, feasible, top, sim)
+    reports = top_k(ev.step_time_s, bound, feasible, top, sim, cutoff)
     notes = []
     resplit = 0
     if uneven_layer_costs(model):

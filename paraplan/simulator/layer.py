@@ -160,8 +160,16 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
 def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
                    plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0
                    ) -> tuple[float, float | None]:
-    """``layer_parts``' expert all-to-alls of one pass and the share of compute their
-    overlapped kernels take (None: exposed), by the MoE dispatcher and overlap."""
+    """``layer_parts``' expert all-to-alls of one pass (``layer_a2a_time``) and the share of
+    compute their overlapped kernels take (``a2a_overlap_share``; None: exposed)."""
+    return (layer_a2a_time(model, topo, training, plan, moe=moe, base_rank=base_rank),
+            a2a_overlap_share(training, plan, device, moe=moe))
+
+
+def layer_a2a_time(model: ModelSpec, topo: Topology, training: TrainingSpec,
+                   plan: ParallelPlan, *, moe: bool, base_rank: int = 0) -> float:
+    """Seconds of a MoE layer's dispatch and combine all-to-alls in one pass (one micro-batch,
+    one rank), by the MoE dispatcher; it does not read the all-to-all overlap."""
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
         return placed_group(plan, ranks, base_rank)
@@ -190,13 +198,19 @@ def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
             etp_group = on(tuple(range(etp)))
             ep_c += (coll.group_collective(topo, etp_group, "all_gather", etp * a2a)
                      + coll.group_collective(topo, etp_group, "reduce_scatter", etp * a2a))
-    overlap = None
+    return ep_c
+
+
+def a2a_overlap_share(training: TrainingSpec, plan: ParallelPlan, device: Device, *,
+                      moe: bool) -> float | None:
+    """With ``moe_a2a_overlap``: the share of compute the overlapped all-to-all kernels take
+    (None: the all-to-alls are exposed)."""
     if moe and training.moe_a2a_overlap and plan.ep > 1 and device.sm_count:
         # The communication kernels take SMs from the compute they run under: NCCL's
         # channels, or the 20 SMs DeepSeek gives DeepEP (DeepSeek-V3 report sec. 3.2.2).
-        overlap = (DEEPEP_SMS / device.sm_count if training.moe_dispatcher == "hierarchical"
-                   else device.nccl_slowdown)
-    return ep_c, overlap
+        return (DEEPEP_SMS / device.sm_count if training.moe_dispatcher == "hierarchical"
+                else device.nccl_slowdown)
+    return None
 
 
 CE_VALUES_PER_TOKEN = 3  # max, sum of exponentials, target logit (Megatron)

@@ -21,9 +21,10 @@ from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
     LayerParts,
+    a2a_overlap_share,
     compose_columns,
+    layer_a2a_time,
     layer_compute_parts,
-    layer_ep_parts,
     lm_head_cost,
     mtp_columns,
     mtp_projection_time,
@@ -252,7 +253,13 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
                 hit = memo[("moe", run_free, *key)] = (plan, layer_compute_parts(
                     model, topo, training, plan, dev, moe=True, attention=att))
             plan, (lt, tp_c, cp_c, cp_b) = hit
-            ep_c, overlap = layer_ep_parts(model, topo, training, plan, dev, moe=True)
+            # The all-to-alls read the dispatcher, not the overlap: the space of the other
+            # overlap setting (derive_space) takes them from the memo.
+            a2a_key = ("a2a", run_free, training.moe_dispatcher, *key)
+            ep_c = memo.get(a2a_key)
+            if ep_c is None:
+                ep_c = memo[a2a_key] = layer_a2a_time(model, topo, training, plan, moe=True)
+            overlap = a2a_overlap_share(training, plan, dev, moe=True)
             return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap))
 
         mparts = np.array([moe_row(key) for key in mu.tolist()])
