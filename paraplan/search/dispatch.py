@@ -4,7 +4,6 @@ evolutionary (DT-FM placement) search on one GPU type spread over regions or une
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -13,6 +12,7 @@ from paraplan.search.exhaustive import Progress, SearchResult, exhaustive_search
 from paraplan.search.moe_runs import moe_runs, run_fields, run_label
 from paraplan.search.space import PlanSpace, SpaceOptions, parse_fix
 from paraplan.search.space.build import run_spaces
+from paraplan.search.space.keys import plan_key
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
 from paraplan.specs.loaders import load_trainer
@@ -93,7 +93,7 @@ def _kth_time(results: list[SearchResult], top: int) -> float | None:
     for res in results:
         for rep in res.reports:
             if rep.feasible and rep.step_time_s is not None:
-                key = json.dumps(rep.plan, sort_keys=True, default=str)
+                key = plan_key(rep)
                 best[key] = min(best.get(key, rep.step_time_s), rep.step_time_s)
     return sorted(best.values())[top - 1] if len(best) >= top else None
 
@@ -114,7 +114,7 @@ def _merge(results: list[SearchResult], runs: list[TrainingSpec], top: int) -> S
     pool.sort(key=lambda r: (not r.feasible, rank_key(r) if r.step_time_s is not None
                              else (float("inf"), 0.0, 0)))
     for rep in pool:
-        key = json.dumps(rep.plan, sort_keys=True, default=str)
+        key = plan_key(rep)
         if key not in seen:
             seen.add(key)
             reports.append(rep)

@@ -15,7 +15,6 @@ parallel shapes, are also re-split by the exact layer-partition DP
 from __future__ import annotations
 
 import heapq
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from paraplan.search.space import (
     build_space,
     evaluate_space,
 )
+from paraplan.search.space.keys import plan_key
 from paraplan.simulator.step import STEP_PARTS, StepReport, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -261,7 +261,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
         # pipelined plans get the exact layer-partition DP (the dp searcher runs it on 48).
         from paraplan.search.dp.resplit import resplit_finalists
 
-        seen = {json.dumps(r.plan, sort_keys=True) for r in reports}
+        seen = {plan_key(r) for r in reports}
         more, resplit = resplit_finalists(space, ev, RESPLITS, trainer, seen,
                                           shapes=RESPLIT_SHAPES)
         reports = sorted(reports + more, key=rank_key)[:top]

@@ -254,7 +254,9 @@ def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, de
     under EP each rank's experts see, on average, top_k * tokens tokens in total.
     """
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    proj, attn_fwd, attn_bwd = attention or attention_times(model, training, plan, device)
+    if attention is None:
+        attention = attention_times(model, training, plan, device)
+    proj, attn_fwd, attn_bwd = attention
     experts = expert_gemm_time(model, training, plan, device) if moe else 0.0
     mlp = mlp_gemm_time(model, training, plan, device, moe=moe, experts_s=experts)
     elem_fwd = tokens * elementwise_bytes_per_token(model, training, plan, moe=moe) / \

@@ -21,7 +21,6 @@ gain points at a cost the model leaves out (or at a recipe that really is slow).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +38,7 @@ from paraplan.search.exhaustive import (
 from paraplan.search.moe_runs import moe_runs, run_fields, run_label
 from paraplan.search.space import evaluate_space
 from paraplan.search.space.build import run_spaces
+from paraplan.search.space.keys import plan_key
 from paraplan.simulator.report import STEP_PARTS
 from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs.loaders import load_trainer
@@ -131,7 +131,7 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         times.append(ev.step_time_s[ok])
         if uneven_layer_costs(model):  # as best's exhaustive searcher: the exact layer split
             more, _ = resplit_finalists(space, ev, RESPLITS, trainer,
-                                        {json.dumps(r.plan, sort_keys=True) for r in found},
+                                        {plan_key(r) for r in found},
                                         shapes=RESPLIT_SHAPES)
             for rep in more:
                 if model.is_moe:

@@ -5,13 +5,11 @@ layers differ in cost."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from paraplan.search.dp.layer_split import optimal_layer_split
 from paraplan.search.space import Evaluation, PlanSpace
-from paraplan.search.space.keys import key_index
+from paraplan.search.space.keys import key_index, plan_key
 from paraplan.simulator.step import StepReport, even_split, simulate
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -61,7 +59,7 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
         if list(split.layers_per_stage or []) == even_split(model.num_layers, plan.pp):
             continue  # the split the plan already has (its report is the exhaustive one)
         rep = simulate(model, cluster, training, split, trainer=trainer)
-        key = json.dumps(rep.plan, sort_keys=True)
+        key = plan_key(rep)
         if rep.feasible and key not in seen:
             seen.add(key)
             out.append(rep)

@@ -3,7 +3,6 @@ recompute of the finalists."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from paraplan.search.dp.resplit import resplit_finalists
 from paraplan.search.exhaustive import Progress, SearchResult
 from paraplan.search.space import PlanSpace, SpaceOptions
+from paraplan.search.space.keys import plan_key
 from paraplan.simulator.step import StepReport
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -56,7 +56,7 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
 
     reports = top_k(ev.step_time_s, bound, feasible, top, sim) if feasible.any() else []
     more, resplit = resplit_finalists(space, ev, candidates, trainer,
-                                      {json.dumps(r.plan, sort_keys=True) for r in reports})
+                                      {plan_key(r) for r in reports})
     reports += more
     if not reports:
         raise SpecError("no plan fits in memory, even with the layer split rebalanced",

@@ -1,11 +1,18 @@
-"""Compact keys of plan-field combinations (``key_index``) and the (alpha, beta) lines of one
-group's collective (``group_lines``), shared by the vectorized evaluator's stages."""
+"""Compact keys of plan-field combinations (``key_index``), a priced plan's key
+(``plan_key``) and the (alpha, beta) lines of one group's collective (``group_lines``), shared
+by the vectorized evaluator's stages and the searchers."""
 
 from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paraplan.simulator.collectives import collective_lines
+
+if TYPE_CHECKING:
+    from paraplan.simulator.step import StepReport
 
 DENSE_KEYS = 1 << 24  # largest code space key_index marks in a table (1 B + 8 B per code)
 
@@ -48,6 +55,12 @@ def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         digits.append(v[rest % len(v)])
         rest = rest // len(v)
     return np.stack(digits[::-1], axis=1).astype(np.int64), inv.reshape(-1)
+
+
+def plan_key(report: StepReport) -> str:
+    """A report's plan as one string: equal for the same plan, whichever search or run
+    setting priced it (how merged rankings and re-split finalists drop duplicates)."""
+    return json.dumps(report.plan, sort_keys=True, default=str)
 
 
 def group_lines(topo, group: tuple[int, ...], kind: str) -> np.ndarray:
