@@ -281,3 +281,76 @@ def test_other_moe_run_settings_reuse_the_per_key_costs() -> None:
         np.testing.assert_array_equal(shared.peak_gib, alone.peak_gib)
         assert shared.time["ep_comm"].any()
     assert a2a("hierarchical") > 0  # the other dispatcher's were priced on their own
+
+
+def test_keys_whose_plans_all_run_out_of_memory_are_never_priced() -> None:
+    """Memory comes first: the per-layer time tables are built only for the keys that have a
+    plan that fits, and those plans get the very times they get when every plan is timed."""
+    from dataclasses import replace
+
+    model, cl = load_model("deepseek-moe-16b"), load_cluster("dgx-a100-40gb", nodes=1)
+    tr = TrainingSpec(global_batch_size=256, seq_len=4096)
+    space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=8))
+    ev = evaluate_space(space)
+    fits = ev.feasible
+    assert fits.any() and not fits.all()
+    assert np.isnan(ev.step_time_s[~fits]).all()
+    every = evaluate_space(replace(space, memo={}), times_for_oom=True)
+    np.testing.assert_array_equal(ev.peak_gib, every.peak_gib)
+    np.testing.assert_array_equal(ev.step_time_s[fits], every.step_time_s[fits])
+    for part, values in ev.time.items():
+        np.testing.assert_array_equal(values[fits], every.time[part][fits])
+    c = space.cols
+
+    def keys(rows: np.ndarray) -> set[tuple[int, ...]]:  # the MoE memo's (zs = 0: fused)
+        return {(int(c["tp"][i]), int(c["cp"][i]), int(c["sp"][i]), int(c["mbs"][i]), 0,
+                 int(c["ep"][i]), int(c["etp"][i])) for i in np.flatnonzero(rows)}
+
+    priced = {k[2:] for k in space.memo if k[0] == "moe"}
+    assert priced == keys(fits)
+    assert priced < keys(np.ones(len(space), dtype=bool))
+
+
+@pytest.mark.parametrize("name", ["megatron-core", "torchtitan", "deepspeed", "nanotron"])
+def test_a_trainer_space_is_the_full_space_masked_by_its_rules(name: str) -> None:
+    """Blocks a trainer refuses by tp, pp and schedule alone are dropped before their rows are
+    built (``structural_reason``): the space and every rejection count are what masking the
+    full space with ``trainer_mask`` gives."""
+    from paraplan.search.space.trainer_filter import trainer_mask
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_training
+
+    spec = load_trainer(name)
+    model, cl = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=4)
+    tr = trainer_training(spec, TrainingSpec(global_batch_size=256, seq_len=4096))
+    full = build_space(model, cl, tr)
+    keep, refused = trainer_mask(full.cols, spec, model, tr)
+    space = build_space(model, cl, tr, trainer=spec)
+    assert 0 < len(space) < len(full)
+    for col, values in full.cols.items():
+        np.testing.assert_array_equal(space.cols[col], values[keep])
+    assert space.rejected == full.rejected + refused
+    assert space.considered == full.considered
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "hierarchical"])
+def test_all_to_alls_read_the_plan_only_through_their_shape(dispatcher: str) -> None:
+    """``layer_a2a_time`` is equal for every plan with the same ``moe.a2a_shape`` (the search
+    prices each shape once), and the shape sets several keys apart."""
+    from paraplan.simulator.layer import layer_a2a_time
+    from paraplan.simulator.moe import a2a_shape
+
+    model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    tr = TrainingSpec(global_batch_size=256, seq_len=4096, moe_dispatcher=dispatcher)
+    space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=4))
+    c = space.cols
+    uniq, _ = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["ep"], c["etp"]])
+    by_shape: dict[tuple, set[float]] = {}
+    for t, cp, sp, mbs, ep, etp in uniq.tolist():
+        plan = ParallelPlan(tp=t, cp=cp, sequence_parallel=bool(sp), micro_batch_size=mbs,
+                            ep=ep, etp=etp)
+        by_shape.setdefault(a2a_shape(tr, plan), set()).add(
+            layer_a2a_time(model, cl.topology, tr, plan, moe=True))
+    assert all(len(times) == 1 for times in by_shape.values())
+    assert len(by_shape) < len(uniq)  # shapes shared by several keys
+    assert len({t for times in by_shape.values() for t in times}) > 1

@@ -169,7 +169,8 @@ def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
 def layer_a2a_time(model: ModelSpec, topo: Topology, training: TrainingSpec,
                    plan: ParallelPlan, *, moe: bool, base_rank: int = 0) -> float:
     """Seconds of a MoE layer's dispatch and combine all-to-alls in one pass (one micro-batch,
-    one rank), by the MoE dispatcher; it does not read the all-to-all overlap."""
+    one rank), by the MoE dispatcher; it does not read the all-to-all overlap, and reads the
+    plan only through ``moe.a2a_shape``."""
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
         return placed_group(plan, ranks, base_rank)

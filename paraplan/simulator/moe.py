@@ -120,6 +120,16 @@ def permute_elements_per_token(model: ModelSpec, plan: ParallelPlan, *,
     return 11.0 * k * h + 2.0 * h + padded
 
 
+def a2a_shape(training: TrainingSpec, plan: ParallelPlan) -> tuple:
+    """Everything of the plan ``layer_a2a_time`` reads (placed from rank 0): ep, expert TP,
+    the expert-TP gather (``moe.etp_gather``), the tokens each rank routes
+    (``moe.dispatch_tokens``), the capacity factor and the placement; plans with equal
+    shapes have equal all-to-alls, so a search prices each shape once."""
+    return (plan.ep, plan.expert_tp, etp_gather(plan),
+            dispatch_tokens(training, plan), plan.moe_capacity_factor,
+            None if plan.placement is None else tuple(plan.placement))
+
+
 def dispatch_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan) -> float:
     """Bytes the busiest rank moves in one all-to-all (dispatch or combine) of one MoE layer:
     ``T k`` token copies of width ``h`` (times ``training.moe_load_imbalance``, the share it

@@ -70,62 +70,84 @@ class Context:
     """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
 
 
-def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
-                   out_step: np.ndarray, out_peak: np.ndarray, out_worst: np.ndarray,
-                   times: dict[str, np.ndarray], exact: np.ndarray, times_for_oom: bool,
-                   ) -> None:
-    """Evaluate the plans ``idx`` that share pp = ``p`` and vpp = ``v`` (in place)."""
-    model, training, c = space.model, space.training, space.cols
+@dataclass(frozen=True)
+class _Stages:
+    """Stage classes of a (pp, vpp) block: stages with the same (layers, MoE layers, first,
+    last) differ only in in-flight micro-batches, which never grow with the stage index; so
+    each class's first stage (``rr``) is the one that can be the slowest or fullest, and sums
+    over stages need only class counts."""
+
+    rr: np.ndarray
+    cls: np.ndarray
+    """stage -> its class (one-hot columns of ``rr``)"""
+    lasts: np.ndarray
+    cnt: np.ndarray
+    layers: np.ndarray
+    nmoe: np.ndarray
+    ndense: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
+
+
+def _stages(model, p: int, v: int) -> _Stages:
     L = model.num_layers
-    cb = ctx.cb
     chunks = even_split(L, p * v)
     starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
     all_layers = [sum(chunks[ch * p + r] for ch in range(v)) for r in range(p)]
     all_moe = [sum(moe_layers_in(model, int(starts[ch * p + r]), chunks[ch * p + r])
                    for ch in range(v)) if model.is_moe else 0 for r in range(p)]
-    # Stages with the same (layers, MoE layers, first, last) differ only in in-flight
-    # micro-batches, which never grow with the stage index; so each class's first stage is
-    # the one that can be the slowest or fullest, and sums over stages need only class counts.
     stage_keys = [(all_layers[r], all_moe[r], r == 0, r == p - 1) for r in range(p)]
     firsts: dict[tuple, int] = {}
     for r, key in enumerate(stage_keys):
         firsts.setdefault(key, r)
     rr = np.array(sorted(firsts.values()))
     column = {int(r): j for j, r in enumerate(rr)}
-    cls = np.zeros((p, len(rr)))  # stage -> its class (column of rr)
+    cls = np.zeros((p, len(rr)))
     for r, key in enumerate(stage_keys):
         cls[r, column[firsts[key]]] = 1.0
-    lasts = p - 1 - np.argmax(cls[::-1], axis=0)  # each class's last stage
-    cnt = cls.sum(axis=0)  # stages per class
     layers = np.array([all_layers[r] for r in rr], dtype=float)
     nmoe = np.array([all_moe[r] for r in rr], dtype=float)
-    ndense = layers - nmoe
-    first = (rr == 0).astype(float)
-    last = (rr == p - 1).astype(float)
-    k = len(rr)
+    return _Stages(rr, cls, p - 1 - np.argmax(cls[::-1], axis=0), cls.sum(axis=0), layers,
+                   nmoe, layers - nmoe, (rr == 0).astype(float), (rr == p - 1).astype(float))
 
-    # ---- memory per stage (all plans of the block) ------------------------------------------
+
+def _stage_params(model, st: _Stages, p: int, t: np.ndarray, ep: np.ndarray,
+                  etp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense (TP-split) and expert parameters on each plan's rank of each stage class."""
+    shared = model.moe_layer_shared_params if model.is_moe else 0.0
+    head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
+                                          if model.tie_word_embeddings and p > 1 else 0) \
+        + model.mtp_dense_params
+    dense_r = (st.ndense * model.dense_layer_params + st.nmoe * shared
+               + st.first * model.embedding_params + st.last * head_params)[None, :] \
+        / t[:, None]
+    if model.is_moe:
+        exp_r = (st.nmoe * model.num_experts * model.expert_params
+                 + st.last * model.mtp_expert_params)[None, :] \
+            / (ep * etp).astype(float)[:, None]
+    else:
+        exp_r = np.zeros((len(t), len(st.rr)))
+    return dense_r, exp_r
+
+
+def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
+                 out_peak: np.ndarray, out_worst: np.ndarray) -> np.ndarray:
+    """Peak memory (GiB) and worst stage of the plans ``idx`` of a (pp, vpp) block, written
+    to ``out_peak`` and ``out_worst``; returns which of them fit. Reads ``ctx.acts``, not the
+    time tables."""
+    model, training, c = space.model, space.training, space.cols
+    cb = ctx.cb
+    st = _stages(model, p, v)
+    rr, layers, nmoe, first, last = st.rr, st.layers, st.nmoe, st.first, st.last
     t = c["tp"][idx].astype(float)
     ep, etp = c["ep"][idx], c["etp"][idx]
     dp, cp = c["dp"][idx], c["cp"][idx]
     z = c["zero"][idx]
     sched = c["sched"][idx]
     mi = c["m"][idx]
-    m = mi.astype(float)
     e_dp = ctx.edp[idx]
-    shared = model.moe_layer_shared_params if model.is_moe else 0.0
-    head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
-                                          if model.tie_word_embeddings and p > 1 else 0) \
-        + model.mtp_dense_params
     nmoe_mem = nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
-    dense_r = (ndense * model.dense_layer_params + nmoe * shared
-               + first * model.embedding_params + last * head_params)[None, :] / t[:, None]
-    if model.is_moe:
-        exp_r = (nmoe * model.num_experts * model.expert_params
-                 + last * model.mtp_expert_params)[None, :] \
-            / (ep * etp).astype(float)[:, None]
-    else:
-        exp_r = np.zeros((len(idx), k))
+    dense_r, exp_r = _stage_params(model, st, p, t, ep, etp)
     # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
     # expert parameter (sharded over dp*cp / expert-DP from ZeRO stage 3, 2, 1 on) times
     # the stage's parameters. FSDP's zero-3 shard is the fp32 master itself (memory.py).
@@ -162,25 +184,34 @@ def evaluate_block(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Conte
     warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
                     overlap_extra(model.num_layers, p, chunks), 0.0)
     infl = _inflight(sched, p, mi, v, rr, warm)
-    act = (ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
+    act = (st.ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
         + act_static
     peak = (1.0 + ALLOCATOR_FRAGMENTATION) * (static + act) + other
     worst = np.argmax(peak, axis=1)
-    rows = np.arange(len(idx))
-    peak_w = peak[rows, worst]
-    out_peak[idx] = peak_w / GiB
+    peak_w = peak[np.arange(len(idx)), worst] / GiB
+    out_peak[idx] = peak_w
     out_worst[idx] = rr[worst]
+    return peak_w <= ctx.capacity_bytes / GiB
 
-    # ---- time, for the plans that fit ----------------------------------------------------
-    keep = np.ones(len(idx), dtype=bool) if times_for_oom else peak_w / GiB <= \
-        ctx.capacity_bytes / GiB
-    if not keep.any():
-        return
-    sel = np.nonzero(keep)[0]
-    idx = idx[sel]
+
+def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
+               out_step: np.ndarray, times: dict[str, np.ndarray], exact: np.ndarray) -> None:
+    """Step time and its breakdown of the plans ``idx`` of a (pp, vpp) block (in place), from
+    the per-key time tables ``ctx.lc`` and ``ctx.head``."""
+    model, training, c = space.model, space.training, space.cols
+    cb = ctx.cb
+    st = _stages(model, p, v)
+    rr, cls, lasts, cnt = st.rr, st.cls, st.lasts, st.cnt
+    layers, nmoe, ndense, last = st.layers, st.nmoe, st.ndense, st.last
+    t = c["tp"][idx].astype(float)
+    dp, cp = c["dp"][idx], c["cp"][idx]
+    z = c["zero"][idx]
+    sched = c["sched"][idx]
+    mi = c["m"][idx]
+    m = mi.astype(float)
+    e_dp = ctx.edp[idx]
+    dense_r, exp_r = _stage_params(model, st, p, t, c["ep"][idx], c["etp"][idx])
     rows = np.arange(len(idx))
-    t, dp, cp, z, sched, mi, m, e_dp = (x[sel] for x in (t, dp, cp, z, sched, mi, m, e_dp))
-    dense_r, exp_r = dense_r[sel], exp_r[sel]
     key = ctx.inv[idx]
     ld, lm, hh = ctx.lc[key, 0], ctx.lc[key, 1], ctx.head[key]
 

@@ -11,7 +11,11 @@ from typing import Any
 import numpy as np
 
 from paraplan.search.space.fix import CONSTANT_FIELDS, RECOMPUTES, check_searched_recompute
-from paraplan.search.space.trainer_filter import check_trainer_inputs, trainer_mask
+from paraplan.search.space.trainer_filter import (
+    check_trainer_inputs,
+    structural_reason,
+    trainer_mask,
+)
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.simulator.step import even_split
 from paraplan.specs.checks import divisors
@@ -238,6 +242,10 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                             ok_mbs = mbss[(B % (mbss * dp)) == 0]
                             rejected[R_BATCH] += (len(mbss) - len(ok_mbs)) * (count // len(mbss))
                             if not len(ok_mbs):
+                                continue
+                            refused = trainer and structural_reason(trainer, t, p, s_idx)
+                            if refused:  # counted as trainer_mask would, rows never built
+                                rejected[refused] += count // len(mbss) * len(ok_mbs)
                                 continue
                             blocks.append(((t, p, dp, cp, ep, etp, s_idx, v, int(uneven)),
                                            (tuple(sps), tuple(ok_mbs.tolist()))))

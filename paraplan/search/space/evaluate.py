@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paraplan.search.space.block import Context, evaluate_block
+from paraplan.search.space.block import Context, block_memory, block_time
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
@@ -30,6 +30,7 @@ from paraplan.simulator.layer import (
     mtp_projection_time,
 )
 from paraplan.simulator.memory import WORKING_SET_RECOMPUTES, GiB, layer_activation_bytes
+from paraplan.simulator.moe import a2a_shape
 from paraplan.simulator.step import layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
@@ -122,7 +123,10 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         np.zeros(n, dtype=np.int64)
     uniq, inv = key_index([c["tp"], c["cp"], c["sp"], c["mbs"], c["rc"], c["ep"], c["etp"],
                            zs])
-    lc, head, acts = _key_tables(space, dev, uniq)
+    plan_of = _plan_maker(space)
+    rc = np.array(RECOMPUTES)[uniq[:, 4]]
+    acts = _activation_table(model, training, uniq, rc, plan_of,
+                             space.memo.setdefault(("act", _run_free(space)), {}))
 
     # ---- collective lines per group ---------------------------------------------------------
     tp_, cp_, dp_, ep_, etp_ = c["tp"], c["cp"], c["dp"], c["ep"], c["etp"]
@@ -156,7 +160,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                   grad_bytes=grad_bytes, slow=slow, opt_coef=opt_coef,
                   fsdp_coef=fsdp_coef, overlap=overlap,
                   interval=interval, capacity_bytes=capacity * GiB,
-                  exact_interleaved=exact_interleaved, inv=inv, lc=lc, acts=acts, head=head,
+                  exact_interleaved=exact_interleaved, inv=inv, lc=np.zeros((0, 2, 9)),
+                  acts=acts, head=np.zeros((0, 3)),
                   ginv=ginv, ar=ar, ag=ag, rs=rs, einv=einv, ear=ear, eag=eag, ers=ers,
                   edp=edp, t_p2p=t_p2p, overlap_p2p=bool(const.get("overlap_p2p_comm", False)))
     pv, pvinv = key_index([c["pp"], c["v"]])
@@ -165,40 +170,48 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     blocks = [(int(p), int(v), order[bounds[g]:bounds[g + 1]]) for g, (p, v) in enumerate(pv)]
     blocks.sort(key=lambda b: -len(b[2]))  # largest first balances the workers
 
-    def run(block: tuple[int, int, np.ndarray]) -> int:
+    # Memory first (it reads only the activation table), then the time tables for the keys
+    # of the plans that fit, then their times: keys whose every plan is out of memory are
+    # never priced.
+    fits = np.zeros(n, dtype=bool)
+
+    def memory(block: tuple[int, int, np.ndarray]) -> None:
         p, v, idx = block
-        evaluate_block(space, p, v, idx, ctx, out_step, out_peak, out_worst, times, exact,
-                       times_for_oom)
+        fits[idx] = block_memory(space, p, v, idx, ctx, out_peak, out_worst)
+
+    def timing(block: tuple[int, int, np.ndarray]) -> int:
+        p, v, idx = block
+        rows = idx if times_for_oom else idx[fits[idx]]
+        if len(rows):
+            block_time(space, p, v, rows, ctx, out_step, times, exact)
         return len(idx)
 
     # numpy releases the GIL inside its array loops, so blocks (disjoint rows) evaluate in
     # parallel threads; results are written to disjoint slices of the output arrays.
-    done = 0
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(blocks)))) as pool:
-        for count in pool.map(run, blocks):
+        list(pool.map(memory, blocks))
+        needed = np.zeros(len(uniq), dtype=bool)
+        needed[inv[np.ones(n, dtype=bool) if times_for_oom else fits]] = True
+        ctx.lc, ctx.head = _key_tables(space, dev, uniq, rc, needed, plan_of)
+        done = 0
+        for count in pool.map(timing, blocks):
             done += count
             if progress is not None:
                 progress(done, n)
     return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
 
 
-def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per key (rows of ``uniq``: tp, cp, sp, mbs, recompute, ep, etp, zero >= 2 where
-    gradients have an accumulation pass): composed layer costs ``[key, dense/moe, LayerCost
-    fields]``, the LM head's (fwd, bwd, tp) with the MTP modules, and activation bytes
-    (dense, moe, working).
+def _run_free(space: PlanSpace) -> tuple[str, str]:
+    """What the per-key costs read of the run (all but the MoE dispatcher and its overlap):
+    the memo key shared by the spaces of the other MoE run settings (``derive_space``)."""
+    return (space.training.model_dump_json(exclude={"moe_dispatcher", "moe_a2a_overlap"}),
+            repr(sorted(space.constants.items())))
 
-    Each part is computed once per the plan fields it reads (``layer_parts``' docstring lists
-    them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers per those and
-    (ep, etp), activations without zs; composing under recompute runs on arrays. All but the
-    expert all-to-alls read neither the MoE dispatcher nor its overlap, so the spaces of the
-    other MoE run settings (``derive_space``) take them from ``space.memo``."""
-    model, training, topo = space.model, space.training, space.cluster.topology
+
+def _plan_maker(space: PlanSpace) -> Callable[..., ParallelPlan]:
+    """``plan_of(tp, cp, sp, mbs, z2, ep, etp, rc)``: a plan with a key's fields (and the
+    trainer's TP overlap) for the simulator's per-layer functions."""
     tco_const = space.constants.get("tp_comm_overlap")
-    memo = space.memo
-    run_free = (training.model_dump_json(exclude={"moe_dispatcher", "moe_a2a_overlap"}),
-                repr(sorted(space.constants.items())))
     templates: dict[bool | None, ParallelPlan] = {}
 
     def plan_of(t: int, cp: int, sp: int, mbs: int, z2: int, ep: int = 1, etp: int = 1,
@@ -214,14 +227,34 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
             "micro_batch_size": int(mbs), "recompute": rc, "ep": int(ep), "etp": int(etp),
             "zero_stage": 2 if z2 else 0})
 
+    return plan_of
+
+
+def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
+                needed: np.ndarray, plan_of: Callable[..., ParallelPlan]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per key (rows of ``uniq``: tp, cp, sp, mbs, recompute, ep, etp, zero >= 2 where
+    gradients have an accumulation pass; ``rc`` its recompute by name): composed layer costs
+    ``[key, dense/moe, LayerCost fields]`` and the LM head's (fwd, bwd, tp) with the MTP
+    modules, for the ``needed`` keys (the rows of the others stay 0: no plan reads them).
+
+    Each part is computed once per the plan fields it reads (``layer_parts``' docstring lists
+    them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers per those and
+    (ep, etp), the all-to-alls per ``moe.a2a_shape``; composing under recompute runs on arrays.
+    All but the expert all-to-alls read neither the MoE dispatcher nor its overlap, so the
+    spaces of the other MoE run settings (``derive_space``) take them from ``space.memo``."""
+    model, training, topo = space.model, space.training, space.cluster.topology
+    memo = space.memo
+    run_free = _run_free(space)
+
     def parts_row(pt: LayerParts) -> tuple[float, ...]:
         lt = pt.times
         return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
                 lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
                 pt.ep_overlap_slowdown or 0.0)
 
-    rc = np.array(RECOMPUTES)[uniq[:, 4]]
-    du, dinv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7)])
+    keys, krc = uniq[needed], rc[needed]
+    du, dinv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7)])
     dparts, dhead = np.zeros((len(du), 11)), np.zeros((len(du), 4))
     for i, key in enumerate(du.tolist()):
         row = memo.get(("dense", run_free, *key))
@@ -234,11 +267,11 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
                 parts_row(layer_parts(model, topo, training, plan, dev, moe=False)),
                 (h.fwd, h.bwd, h.tp, proj))
         dparts[i], dhead[i] = row
-    lc = np.zeros((len(uniq), 2, 9))  # [key, dense/moe, LayerCost fields]
-    lc[:, 0] = np.stack(compose_columns(*dparts[dinv].T, rc), axis=1)
-    lc[:, 1] = lc[:, 0]
+    sub = np.zeros((len(keys), 2, 9))  # [needed key, dense/moe, LayerCost fields]
+    sub[:, 0] = np.stack(compose_columns(*dparts[dinv].T, krc), axis=1)
+    sub[:, 1] = sub[:, 0]
     if model.is_moe:
-        mu, minv = key_index([uniq[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
+        mu, minv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
         attention: dict[tuple[int, int, int], tuple[float, float, float]] = {}
 
         def moe_row(key: list[int]) -> tuple[float, ...]:
@@ -253,24 +286,26 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray
                 hit = memo[("moe", run_free, *key)] = (plan, layer_compute_parts(
                     model, topo, training, plan, dev, moe=True, attention=att))
             plan, (lt, tp_c, cp_c, cp_b) = hit
-            # The all-to-alls read the dispatcher, not the overlap: the space of the other
-            # overlap setting (derive_space) takes them from the memo.
-            a2a_key = ("a2a", run_free, training.moe_dispatcher, *key)
+            # The all-to-alls read the dispatcher, not the overlap, and of the plan only its
+            # a2a_shape: the space of the other overlap setting (derive_space) and plans with
+            # the same shape take them from the memo.
+            a2a_key = ("a2a", run_free, training.moe_dispatcher, *a2a_shape(training, plan))
             ep_c = memo.get(a2a_key)
             if ep_c is None:
                 ep_c = memo[a2a_key] = layer_a2a_time(model, topo, training, plan, moe=True)
             overlap = a2a_overlap_share(training, plan, dev, moe=True)
             return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap))
 
-        mparts = np.array([moe_row(key) for key in mu.tolist()])
-        lc[:, 1] = np.stack(compose_columns(*mparts[minv].T, rc), axis=1)
+        mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), 11)
+        sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)
     h = dhead[dinv]
     head = h[:, :3]
     if model.num_mtp_layers:  # the MTP modules' MoE block runs under the key's recompute
         head = np.stack(mtp_columns(model.num_mtp_layers, h[:, 3], tuple(h[:, :3].T),
-                                    tuple(lc[:, 1, [0, 1, 4]].T)), axis=1)
-    return lc, head, _activation_table(model, training, uniq, rc, plan_of,
-                                       memo.setdefault(("act", run_free), {}))
+                                    tuple(sub[:, 1, [0, 1, 4]].T)), axis=1)
+    lc, head_all = np.zeros((len(uniq), 2, 9)), np.zeros((len(uniq), 3))
+    lc[needed], head_all[needed] = sub, head
+    return lc, head_all
 
 
 def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray,

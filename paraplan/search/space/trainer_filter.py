@@ -53,6 +53,21 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
                             field="--fix", value=pinned[0])
 
 
+def structural_reason(trainer: TrainerSpec, tp: int, pp: int, sched: int) -> str | None:
+    """Why the trainer refuses every plan of a (tp, pp, schedule) block, by ``trainer_mask``'s
+    first three rules (they read nothing else and come before every other rule, so a
+    space that drops such blocks before building their rows counts them under the same
+    reasons); None if it does not."""
+    can, who = trainer.can, trainer.label
+    if tp > 1 and not can.tensor_parallel:
+        return f"{who} has no tensor parallelism"
+    if pp > 1 and not can.pipeline_parallel:
+        return f"{who} has no pipeline parallelism"
+    if pp > 1 and SCHEDULES[sched] not in can.schedules:
+        return f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)"
+    return None
+
+
 def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: ModelSpec,
                  training: TrainingSpec | None = None) -> tuple[np.ndarray, Counter]:
     """(rows the trainer can run, rejected plans counted by reason)."""
@@ -66,6 +81,7 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
     allowed_zero = np.array([z in can.zero_stages for z in range(4)])
     piped_zero = can.zero_stages if can.zero_stages_with_pp is None else can.zero_stages_with_pp
     allowed_piped_zero = np.array([z in piped_zero for z in range(4)])
+    # The first three rules are structural_reason's (keep them first and the same).
     rules: list[tuple[str, np.ndarray]] = [
         (f"{who} has no tensor parallelism", (tp > 1) & (not can.tensor_parallel)),
         (f"{who} has no pipeline parallelism", piped & (not can.pipeline_parallel)),
