@@ -117,3 +117,27 @@ def test_parse_plan_forms():
         parse_plan("tpp=2")
     with pytest.raises(SpecError, match="not key=value"):
         parse_plan("tp8")
+
+
+def test_only_the_embedding_and_loss_chunks_of_an_interleaved_split_may_be_empty():
+    """Megatron-Core counts the embedding and the loss as a pipeline layer each
+    (account_for_*_in_pipeline_split): Llama 3.1 405B's recipe at pp=16, vpp=8 runs 128 chunks,
+    [embedding] + 126 x [1 layer] + [loss]. Its first and last chunk hold no decoder layer;
+    a middle chunk, a non-interleaved stage or a whole rank may not be empty."""
+    from paraplan import simulate
+
+    model, cl = load_model("llama3-405b"), load_cluster("gb200-nvl72", nodes=4)  # 288 GPUs
+    tr = TrainingSpec(global_batch_size=288, seq_len=4096, precision="bf16")
+    recipe = [0] + [1] * 126 + [0]
+    plan = parse_plan("tp=2,pp=16,vpp=8,schedule=interleaved,sp=1")
+    ok = plan.model_copy(update={"layers_per_stage": recipe})
+    assert check_plan(model, cl, tr, ok) == []
+    report = simulate(model, cl, tr, ok, time_if_oom=True)
+    assert report.step_time_s is not None and report.step_time_s > 0
+    middle = recipe[:5] + [0, 2] + recipe[7:]
+    assert any("empty stage" in r for r in check_plan(
+        model, cl, tr, plan.model_copy(update={"layers_per_stage": middle})))
+    flat = parse_plan("tp=4,pp=16,sp=1").model_copy(
+        update={"layers_per_stage": [0] + [9] * 14 + [0]})
+    assert flat.layers_per_stage is not None and sum(flat.layers_per_stage) == 126
+    assert any("empty stage" in r for r in check_plan(model, cl, tr, flat))

@@ -26,6 +26,7 @@ from paraplan.validate.published import (
     DATA_DIR,
     DEFAULT_MEMORY_CSV,
     DEFAULT_THROUGHPUT_CSV,
+    DENSE_THROUGHPUT_CSV,
     MOE_MEMORY_CSV,
     MOE_THROUGHPUT_CSV,
     load_published_memory,
@@ -104,7 +105,7 @@ def _check_all_rows(cases, csv_rows):
 
 
 def test_every_bundled_row_yields_a_case(cases, rows):
-    _check_all_rows(cases, rows + _csv_rows(MOE_THROUGHPUT_CSV))
+    _check_all_rows(cases, rows + _csv_rows(MOE_THROUGHPUT_CSV) + _csv_rows(DENSE_THROUGHPUT_CSV))
     skipped = [c for c in cases if c.skip_reason]
     # Only Korthikanti's two abstract rows (2240 GPUs, MFU, no global batch) are unpredictable.
     assert [(c.source_id, c.index) for c in skipped] == [("korthikanti2022", 18),

@@ -153,8 +153,18 @@ def check_plan_on_world(
                 f"layers_per_stage sums to {total} but the model has num_layers="
                 f"{model.num_layers}; make the entries add up to {model.num_layers}"
             )
-        if any(n == 0 for n in plan.layers_per_stage):
-            reasons.append("layers_per_stage has an empty stage (0 layers); give every stage >= 1")
+        # Megatron-Core lays the embedding and the loss out as a pipeline layer each
+        # (account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split,
+        # transformer_block.py get_num_layers_to_build), so with interleaving the first and the
+        # last model chunk may hold no decoder layer (Llama 3.1 405B's recipe at pp=16, vpp=8:
+        # [embedding] + 126 x [1] + [loss]); every other chunk, and every rank, needs one.
+        split, v = plan.layers_per_stage, plan.virtual_stages
+        inner = split[1:-1] if v > 1 else split
+        ranks = [sum(split[c * plan.pp + r] for c in range(v)) for r in range(plan.pp)] \
+            if len(split) == plan.pp * v else split
+        if any(n == 0 for n in inner) or not all(ranks):
+            reasons.append("layers_per_stage has an empty stage (0 layers); give every stage >= 1"
+                           " (with virtual_stages > 1 only the first and last chunk may be empty)")
     elif model.num_layers % chunks:
         ok = divisors(model.num_layers, stage_cap)
         reasons.append(

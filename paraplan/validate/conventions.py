@@ -142,6 +142,12 @@ SOURCES: dict[str, SourceConvention] = {
         "nemo-mbridge-perf-expert-parallel-overlap): Qwen3-30B-A3B on 16 H100 with the "
         "all-to-all overlap off and on, HybridEP and alltoall dispatchers",
         grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
+    "megatron_bridge_dense": SourceConvention(
+        "megatron-core", True, None, None, None,
+        "NVIDIA Megatron-Bridge performance summary (26.04.01 container, v0.4.2 perf configs): "
+        "Llama 3 70B and 3.1 405B pre-training on DGX-GB200 and DGX-H100 in FP8 / MXFP8, no "
+        "recompute, TP communication overlap",
+        grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
     "megascale2024_megatron_baseline": SourceConvention(
         "megatron-core", True, None, None, None,
         "MegaScale Table 2 Megatron-LM baseline (2023 Megatron-LM with FlashAttention and "

@@ -42,6 +42,9 @@ DEFAULT_THROUGHPUT_CSV = DATA_DIR / "published_throughput.csv"
 MOE_THROUGHPUT_CSV = DATA_DIR / "moe_throughput.csv"
 """Published MoE runs paraplan adds to the shared set (``megatron_bridge_moe``,
 moe_sources.md)."""
+DENSE_THROUGHPUT_CSV = DATA_DIR / "dense_throughput.csv"
+"""Published dense runs paraplan adds: NVIDIA's Llama 3 recipes on DGX-GB200 and DGX-H100
+(``megatron_bridge_dense``, dense_sources.md)."""
 DEFAULT_MEMORY_CSV = DATA_DIR / "published_memory.csv"
 MOE_MEMORY_CSV = DATA_DIR / "moe_memory.csv"
 """Measured MoE memory paraplan adds to the shared set (moe_sources.md)."""
@@ -153,10 +156,12 @@ def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
 
 def load_published_throughput(path: str | Path | None = None) -> list[PublishedCase]:
     """One case per row of ``published_throughput.csv`` (bundled copy when ``path`` is None,
-    followed by paraplan's own additions in ``moe_throughput.csv``: MoE runs, moe_sources.md)."""
+    followed by paraplan's own additions: ``moe_throughput.csv`` (MoE runs, moe_sources.md)
+    and ``dense_throughput.csv`` (dense Blackwell and H100 recipes, dense_sources.md))."""
     rows = _read_rows(path, DEFAULT_THROUGHPUT_CSV)
     if path is None:
         rows += _read_rows(MOE_THROUGHPUT_CSV, MOE_THROUGHPUT_CSV)
+        rows += _read_rows(DENSE_THROUGHPUT_CSV, DENSE_THROUGHPUT_CSV)
     return [_throughput_case(i, row) for i, row in enumerate(rows)]
 
 

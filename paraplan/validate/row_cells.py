@@ -70,7 +70,8 @@ def model_family(name: str, source: str) -> str:
     return "gpt"
 
 
-PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe", "megatron_bridge_ep_overlap"})
+PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe", "megatron_bridge_ep_overlap",
+                                  "megatron_bridge_dense"})
 """Sources whose rows name a model preset in ``model_name`` (sources.md)."""
 
 

@@ -332,7 +332,7 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
         zero_stage=zero, micro_batch_size=mbs, schedule="interleaved" if vpp > 1 else "1f1b",
         virtual_stages=vpp, recompute=recompute, layers_per_stage=layers_per_stage,
         # Megatron-Bridge's MoE recipes set expert_tensor_parallel_size=1 (sources.md).
-        **({"etp": 1} if s.source in PRESET_MODEL_SOURCES else {}),
+        **({"etp": 1} if s.source in PRESET_MODEL_SOURCES and model.is_moe else {}),
     )
 
 

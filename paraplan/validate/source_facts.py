@@ -84,7 +84,10 @@ BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
 # qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config sets account_for_embedding_in_pipeline_split
 # and account_for_loss_in_pipeline_split, and every H100/B200/GB200 perf recipe of the model
 # starts from it (perf_recipes/qwen/*/qwen3_moe.py: qwen3_235b_a22b_pretrain_config()).
-ACCOUNTED_SPLIT_MODELS = ("qwen3-235b-a22b",)
+# Llama 3.1 405B's recipes too: Megatron-Bridge v0.4.2 src/megatron/bridge/recipes/llama/llama3.py
+# L1132-1133 (llama31_405b_pretrain_config) set both, and the GB200/H100 perf configs
+# (scripts/performance/configs/llama/llama31_workload_base_configs.py) start from it.
+ACCOUNTED_SPLIT_MODELS = ("qwen3-235b-a22b", "llama3-405b")
 
 
 def accounted_split(num_layers: int, pp: int, vpp: int) -> list[int] | None:
