@@ -455,8 +455,8 @@ def test_megatron_split_counting_embedding_and_loss_by_hand():
     """Megatron-Core with account_for_embedding/loss_in_pipeline_split (NVIDIA's Qwen3-235B
     recipes): (94 + 2) / 8 = 12 per rank, 3 per chunk at vpp=4, one fewer in the first chunk
     (the embedding) and the last (the loss); sizes Megatron refuses give None."""
+    from paraplan.simulator.stages import accounted_split
     from paraplan.validate.published import load_published_throughput
-    from paraplan.validate.source_facts import accounted_split
 
     assert accounted_split(94, 8, 4) == [2] + [3] * 30 + [2]
     assert accounted_split(94, 8, 1) == [11] + [12] * 6 + [11]

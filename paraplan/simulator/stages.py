@@ -18,6 +18,31 @@ def even_split(num_layers: int, chunks: int) -> list[int]:
     return [base + (1 if i < rem else 0) for i in range(chunks)]
 
 
+def accounted_split(num_layers: int, pp: int, vpp: int) -> list[int] | None:
+    """Decoder layers per pipeline chunk (model order) with the embedding and the loss each
+    counted as a layer (Megatron-Core ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``): transformer_block.py get_num_layers_to_build
+    gives each rank (layers + 2) / pp, each of its chunks 1 / vpp of that, one fewer in the
+    first chunk (the embedding) and in the last (the loss), which may then hold none. None
+    where Megatron would refuse the sizes."""
+    total = num_layers + 2
+    if pp < 1 or vpp < 1 or total % pp or (total // pp) % vpp:
+        return None
+    chunks = [total // pp // vpp] * (pp * vpp)
+    chunks[0] -= 1
+    chunks[-1] -= 1
+    return chunks if min(chunks) >= 0 else None
+
+
+def pipeline_chunks(num_layers: int, pp: int, vpp: int) -> list[int] | None:
+    """The layer split a search gives a (pp, vpp) shape: equal chunks where the layers divide;
+    otherwise, without interleaving, ``even_split`` (earlier stages one more layer), and with
+    it Megatron-Core's ``accounted_split`` (None where that does not exist either)."""
+    if num_layers % (pp * vpp) == 0 or vpp == 1:
+        return even_split(num_layers, pp * vpp)
+    return accounted_split(num_layers, pp, vpp)
+
+
 def plan_chunks(model: ModelSpec, plan: ParallelPlan) -> tuple[list[int], list[int]]:
     """(layers of each of the pp*vpp model chunks, layers held by each pipeline rank): the
     plan's explicit split or ``even_split``; rank r holds chunks r, r+pp, r+2pp, ...

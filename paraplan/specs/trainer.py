@@ -58,6 +58,9 @@ class TrainerCan(StrictModel):
     """Most model chunks per pipeline rank (interleaving); None = any the layers allow."""
     uneven_layers: bool
     """A layer split that is not equal over the pipeline stages (first/last-stage options)."""
+    empty_end_chunks: bool = False
+    """An interleaved split whose first and last model chunk hold only the embedding and the
+    loss, no decoder layer (Megatron-Core's account-for-embedding/loss pipeline split)."""
     zero_stages: list[Literal[0, 1, 2, 3]]
     """ZeRO stages (0 = replicated DDP, 1 = distributed optimizer, 2 = + gradients, 3 = FSDP)."""
     max_zero_stage_with_pp: Literal[0, 1, 2, 3] = 3
@@ -229,6 +232,10 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
             and not can.uneven_layers:
         out.append(f"{who} splits layers evenly over the pipeline stages (plan: "
                    f"{p.layers_per_stage})")
+    elif p.layers_per_stage is not None and 0 in p.layers_per_stage \
+            and not can.empty_end_chunks:
+        out.append(f"{who} gives every pipeline chunk a decoder layer (plan: an empty first "
+                   "or last chunk)")
     piped_zero = can.zero_stages_with_pp if p.pp > 1 else None
     if piped_zero is not None and p.zero_stage not in piped_zero:
         out.append(f"{who} runs ZeRO stage {_words(piped_zero)} with pipeline parallelism "

@@ -36,12 +36,15 @@ from paraplan.search.exhaustive import (
     uneven_layer_costs,
 )
 from paraplan.search.moe_runs import moe_runs, run_fields, run_label
-from paraplan.search.space import evaluate_space
+from paraplan.search.space import RECOMPUTES, evaluate_space
 from paraplan.search.space.build import run_spaces
 from paraplan.search.space.keys import plan_key
+from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.simulator.report import STEP_PARTS
+from paraplan.simulator.stages import pipeline_chunks
 from paraplan.simulator.step import StepReport, simulate
 from paraplan.specs.loaders import load_trainer
+from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import TrainerSpec, trainer_training
 from paraplan.validate.published import DATA_DIR, PublishedCase, load_published_throughput
 from paraplan.validate.rows import LAYOUT_GUESSED
@@ -86,6 +89,20 @@ def _recipe_layout(case: PublishedCase, trainer: TrainerSpec, even: StepReport
             or rep.step_time_s >= even.step_time_s:
         return None
     return rep
+
+
+def _row_of(case: PublishedCase, plan: ParallelPlan) -> tuple[int, ...] | None:
+    """The recipe as a row of ``PLAN_COLUMNS``, or None where its layer split is not the one
+    the space gives its (pp, vpp) shape (``stages.pipeline_chunks``)."""
+    layers = case.model.num_layers
+    if plan.recompute not in RECOMPUTES or plan.layers_per_stage is not None and list(
+            plan.layers_per_stage) != pipeline_chunks(layers, plan.pp, plan.virtual_stages):
+        return None
+    dp = case.num_gpus // (plan.tp * plan.pp * plan.cp)
+    sched = SCHEDULES.index(plan.schedule if plan.pp > 1 else "1f1b")
+    return (plan.tp, plan.pp, dp, plan.cp, plan.ep, plan.expert_tp, int(plan.sequence_parallel),
+            plan.zero_stage, plan.micro_batch_size, sched, plan.virtual_stages,
+            RECOMPUTES.index(plan.recompute))
 
 
 def check_recipe(case: PublishedCase) -> dict[str, Any]:
@@ -149,7 +166,10 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
     faster = int(np.sum(fastest < recipe.step_time_s * (1 - 1e-9))) + sum(
         t < recipe.step_time_s * (1 - 1e-9) for t in split_times)
     ranked = len(plans) + len(split_times)
-    in_space = bool(np.any(np.isclose(np.concatenate(times), recipe.step_time_s, rtol=1e-9)))
+    # In the space: a row with the recipe's fields and layer split (rows with inexact,
+    # closed-form times, such as accounted interleaved splits, match by plan, not by time).
+    in_space = bool(np.any(np.isclose(np.concatenate(times), recipe.step_time_s, rtol=1e-9))
+                    or _row_of(case, plan) in {tuple(r) for r in plans.tolist()})
     diff = {k: recipe.time_s[k] - best.time_s[k] for k in STEP_PARTS}
     why = sorted(((v, k) for k, v in diff.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))
     if model.is_moe:

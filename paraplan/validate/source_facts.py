@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from paraplan.simulator.stages import accounted_split
+
 # NVIDIA/Megatron-LM examples/sc21/run_table_1.sh: model -> (tp, pp, mbs, gbs, vpp, DDP impl);
 # vpp = layers / pp / --num-layers-per-virtual-pipeline-stage; every model uses
 # "--recompute-method uniform" (full recompute).
@@ -88,20 +90,6 @@ BLOOM_LAYERS_PER_STAGE = [5] + [6] * 10 + [5]
 # L1132-1133 (llama31_405b_pretrain_config) set both, and the GB200/H100 perf configs
 # (scripts/performance/configs/llama/llama31_workload_base_configs.py) start from it.
 ACCOUNTED_SPLIT_MODELS = ("qwen3-235b-a22b", "llama3-405b")
-
-
-def accounted_split(num_layers: int, pp: int, vpp: int) -> list[int] | None:
-    """Decoder layers per pipeline chunk (model order) with the embedding and the loss each
-    counted as a layer: Megatron-Core transformer_block.py get_num_layers_to_build gives each
-    rank (layers + 2) / pp, each of its chunks 1 / vpp of that, one fewer in the first chunk
-    (the embedding) and in the last (the loss). None where Megatron would refuse the sizes."""
-    total = num_layers + 2
-    if pp < 1 or vpp < 1 or total % pp or (total // pp) % vpp:
-        return None
-    chunks = [total // pp // vpp] * (pp * vpp)
-    chunks[0] -= 1
-    chunks[-1] -= 1
-    return chunks if min(chunks) >= 0 else None
 
 
 DEEPSEEK_V3_RECIPE_CHUNKS: dict[tuple[int, int], tuple[int, ...]] = {

@@ -22,7 +22,7 @@ from paraplan.simulator.memory import (
 )
 from paraplan.simulator.moe import overlap_extra
 from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
-from paraplan.simulator.step import even_split
+from paraplan.simulator.stages import pipeline_chunks
 
 
 def _chunked(lines: np.ndarray, nbytes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
@@ -91,7 +91,8 @@ class _Stages:
 
 def _stages(model, p: int, v: int) -> _Stages:
     L = model.num_layers
-    chunks = even_split(L, p * v)
+    chunks = pipeline_chunks(L, p, v)
+    assert chunks is not None  # the space only holds shapes that have a split
     starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
     all_layers = [sum(chunks[ch * p + r] for ch in range(v)) for r in range(p)]
     all_moe = [sum(moe_layers_in(model, int(starts[ch * p + r]), chunks[ch * p + r])

@@ -17,7 +17,7 @@ from paraplan.search.space.trainer_filter import (
     trainer_mask,
 )
 from paraplan.simulator.pipeline import SCHEDULES
-from paraplan.simulator.step import even_split
+from paraplan.simulator.stages import pipeline_chunks
 from paraplan.specs.checks import divisors
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.errors import SpecError
@@ -97,7 +97,7 @@ class PlanSpace:
         if self.trainer is not None and "tp_comm_overlap" not in self.constants:
             data["tp_comm_overlap"] = tp_overlap(self.trainer.runs, c["tp"], bool(c["sp"]))
         if c["uneven"]:
-            data["layers_per_stage"] = even_split(self.model.num_layers, c["pp"] * c["v"])
+            data["layers_per_stage"] = pipeline_chunks(self.model.num_layers, c["pp"], c["v"])
         return ParallelPlan(**data)
 
     def subset(self, mask: np.ndarray) -> PlanSpace:
@@ -195,9 +195,13 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 else:
                     for s in ("gpipe", "1f1b", "zb-h1"):
                         sched_v.append((SCHEDULES.index(s), 1))
-                    top = L // p if opt.max_virtual_stages is None else opt.max_virtual_stages
+                    # Interleaving: chunks that split the layers evenly, or Megatron-Core's
+                    # split that counts the embedding and the loss as a layer each
+                    # (stages.accounted_split; Llama 3.1 405B's and Qwen3-235B's recipes).
+                    top = (L + 2) // p if opt.max_virtual_stages is None else \
+                        opt.max_virtual_stages
                     for v in range(2, top + 1):
-                        if L % (p * v) == 0:
+                        if pipeline_chunks(L, p, v) is not None:
                             sched_v.append((SCHEDULES.index("interleaved"), v))
                 if "schedule" in fix:
                     sched_v = [(s, v) for s, v in sched_v if SCHEDULES[s] == fix["schedule"]]
@@ -228,9 +232,9 @@ def build_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                             if cp > 1 and training.seq_len % (2 * cp):
                                 rejected[R_SEQ] += count
                                 continue
+                            # uneven: v = 1 with the remainder on the first stages, or an
+                            # interleaved accounted split (stages.pipeline_chunks)
                             uneven = L % (p * v) != 0
-                            # (only v = 1 can be uneven: other chunk counts that do not
-                            # split the layers are never enumerated)
                             if p > L or (uneven and not opt.uneven_layers):
                                 rejected[R_LAYERS] += count
                                 continue

@@ -105,6 +105,9 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
         (f"{who} has no expert tensor-parallel degree other than tp",
          (etp != tp) & (not can.expert_tensor_parallel) & model.is_moe),
     ]
+    if not can.empty_end_chunks:  # accounted splits of one layer per chunk (pipeline_chunks)
+        rules.append((f"{who} gives every pipeline chunk a decoder layer",
+                      (cols["uneven"] == 1) & (v > 1) & (pp * v == model.num_layers + 2)))
     if can.max_virtual_stages is not None:
         rules.append((f"{who} runs at most {can.max_virtual_stages} virtual stages per rank",
                       v > can.max_virtual_stages))
