@@ -94,3 +94,30 @@ def test_search_returns_nvidias_405b_gb200_layout_and_megatron_can_run_it():
     layout = next(line for line in text.splitlines() if "pipeline-model-parallel-layout" in line)
     segments = layout.split()[-1].rstrip("\\").split("|")
     assert segments[0] == "E" and segments[-1] == "L" and segments[1:-1] == ["t"] * 126
+
+
+@pytest.mark.parametrize("case", [
+    ("llama3-405b", "dgx-h100", 32, 512, 4096, {}),
+    ("deepseek-moe-16b", "dgx-h100", 2, 128, 4096, {"moe_a2a_overlap": True}),
+    ("llama2-13b", "dgx-h100", 4, 256, 4096, {}),
+])
+def test_the_lower_bound_never_exceeds_what_simulate_returns(case) -> None:
+    """``Evaluation.lower_s`` (the searchers' stop rule) is at most the step time
+    ``simulate`` gives, on every schedule, with uneven and accounted splits and the MoE
+    all-to-all overlap; it is the step time itself where that is exact."""
+    name, cluster, nodes, batch, seq, more = case
+    model, cl = load_model(name), load_cluster(cluster, nodes=nodes)
+    tr = TrainingSpec(global_batch_size=batch, seq_len=seq, **more)
+    space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=2))
+    ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
+    assert (ev.lower_s[ev.exact] == ev.step_time_s[ev.exact]).all()
+    uneven = np.flatnonzero(space.cols["uneven"] == 1)
+    assert len(uneven)
+    rng = np.random.default_rng(3)
+    ratios = []
+    for i in rng.choice(uneven, size=min(60, len(uneven)), replace=False).tolist():
+        rep = simulate(model, cl, tr, space.plan(i), time_if_oom=True)
+        assert ev.lower_s[i] <= rep.step_time_s * (1 + 1e-9), space.plan(i).short()
+        if ev.feasible[i]:
+            ratios.append(ev.lower_s[i] / rep.step_time_s)
+    assert ratios and float(np.median(ratios)) > 0.9  # tight enough to prune

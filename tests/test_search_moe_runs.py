@@ -345,10 +345,36 @@ def test_top_k_with_a_cutoff_simulates_only_rows_that_can_beat_it():
         return Rep(float(step[i]))
 
     step = np.array([3.0, 1.0, 5.0, 2.0, 4.0])
-    bound = np.ones(5, dtype=bool)
     feasible = np.ones(5, dtype=bool)
-    assert [r.step_time_s for r in top_k(step, bound, feasible, 2, sim)] == [1.0, 2.0]
+    assert [r.step_time_s for r in top_k(step, step, feasible, 2, sim)] == [1.0, 2.0]
     assert sorted(calls) == [1, 3]
     calls.clear()
-    assert [r.step_time_s for r in top_k(step, bound, feasible, 2, sim, cutoff=1.5)] == [1.0]
+    assert [r.step_time_s for r in top_k(step, step, feasible, 2, sim, cutoff=1.5)] == [1.0]
     assert calls == [1]  # 2.0 cannot beat the 1.5 found elsewhere: never simulated
+
+
+def test_top_k_simulates_every_row_whose_lower_bound_can_beat_the_kth():
+    """Estimated rows are visited by their lower bound: a row estimated far behind but bounded
+    below the K-th best is still simulated (and here wins); rows bounded past it are not."""
+    from paraplan.search.exhaustive import top_k
+
+    class Rep:
+        feasible = True
+
+        def __init__(self, t: float) -> None:
+            self.step_time_s = t
+            self.memory_gb = {"peak": 1.0}
+            self.plan = {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
+
+    exact = np.array([1.0, 2.0, 3.0, 1.5, 9.0])  # what simulate returns
+    step = np.array([1.0, 2.0, 3.0, 2.6, 9.5])  # rows 3 and 4 are estimates
+    lower = np.array([1.0, 2.0, 3.0, 1.2, 8.0])
+    calls: list[int] = []
+
+    def sim(i: int) -> Rep:
+        calls.append(i)
+        return Rep(float(exact[i]))
+
+    got = top_k(step, lower, np.ones(5, dtype=bool), 2, sim)
+    assert [r.step_time_s for r in got] == [1.0, 1.5]
+    assert sorted(calls) == [0, 3]  # bounds 2.0, 3.0 and 8.0 cannot beat the 2nd best, 1.5

@@ -159,33 +159,27 @@ def uneven_layer_costs(model: ModelSpec) -> bool:
         model.first_dense_layers or model.moe_layer_step > 1)))
 
 
-ESTIMATE_MARGIN = 0.05
-"""Uneven-split estimates within this fraction of the K-th best are simulated exactly."""
-
-
-def top_k(step: np.ndarray, bound: np.ndarray, feasible: np.ndarray, k: int,
+def top_k(step: np.ndarray, lower: np.ndarray, feasible: np.ndarray, k: int,
           simulate_row: Callable[[int], StepReport], cutoff: float | None = None
           ) -> list[StepReport]:
     """The K fastest feasible plans as exact StepReports.
 
-    ``step`` is exact or a lower bound where ``bound`` is true, else an estimate. Rows are
-    visited in order of ``step``; a row whose bound cannot beat the K-th best exact time is
-    skipped, and the scan stops once even estimates are ``ESTIMATE_MARGIN`` past it.
-    ``cutoff``: a K-th best exact time already known from elsewhere (another MoE run
-    setting's search), which the rows must beat as well: fewer than K reports may return.
+    ``lower`` bounds each row's exact step time from below (``Evaluation.lower_s``: the
+    step time itself where ``step`` is exact). Rows are simulated in order of ``lower``
+    until a row's bound reaches the K-th best exact time found, so no row that could beat it
+    is skipped. ``cutoff``: a K-th best exact time already known from elsewhere (another MoE
+    run setting's search), which the rows must beat as well: fewer than K reports may
+    return. ``step`` (the estimates) breaks ties in the visiting order.
     """
-    rows = np.nonzero(feasible & np.isfinite(step))[0]
-    order = rows[np.argsort(step[rows], kind="stable")]
+    rows = np.nonzero(feasible & np.isfinite(step) & np.isfinite(lower))[0]
+    order = rows[np.lexsort((step[rows], lower[rows]))]
     heap: list[tuple[float, int, StepReport]] = []  # max-heap on time via negation
     for i in order.tolist():
         kth = -heap[0][0] if len(heap) >= k else None
         if cutoff is not None:
             kth = cutoff if kth is None else min(kth, cutoff)
-        if kth is not None:
-            if step[i] >= kth * (1 + ESTIMATE_MARGIN):
-                break
-            if step[i] >= kth and bound[i]:
-                continue
+        if kth is not None and lower[i] >= kth:
+            break
         rep = simulate_row(i)
         if not rep.feasible or rep.step_time_s is None:
             continue
@@ -251,8 +245,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
     def sim(i: int) -> StepReport:
         return simulate(model, cluster, training, space.plan(i), trainer=trainer)
 
-    bound = space.cols["uneven"] == 0  # exact, or a lower bound (interleaved m % pp != 0)
-    reports = top_k(ev.step_time_s, bound, feasible, top, sim, cutoff)
+    reports = top_k(ev.step_time_s, ev.lower_s, feasible, top, sim, cutoff)
     notes = []
     resplit = 0
     if uneven_layer_costs(model):

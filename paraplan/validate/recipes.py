@@ -139,7 +139,7 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         ok = ev.feasible & np.isfinite(ev.step_time_s)
         if not ok.any():
             continue
-        for rep in top_k(ev.step_time_s, space.cols["uneven"] == 0, ok, 1,
+        for rep in top_k(ev.step_time_s, ev.lower_s, ok, 1,
                          lambda i, r=run, sp=space: simulate(model, cluster, r, sp.plan(i),
                                                              trainer=trainer)):
             if model.is_moe:

@@ -49,12 +49,11 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                         field="plan", value=str(fix or {}))
     ev = evaluate_space(space, progress, exact_interleaved=False, times_for_oom=True)
     feasible = ev.feasible
-    bound = space.cols["uneven"] == 0
 
     def sim(i: int) -> StepReport:
         return simulate(model, cluster, training, space.plan(i), trainer=trainer)
 
-    reports = top_k(ev.step_time_s, bound, feasible, top, sim) if feasible.any() else []
+    reports = top_k(ev.step_time_s, ev.lower_s, feasible, top, sim) if feasible.any() else []
     more, resplit = resplit_finalists(space, ev, candidates, trainer,
                                       {plan_key(r) for r in reports})
     reports += more

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.search.space.build import PlanSpace
-from paraplan.search.space.keys import key_index
+from paraplan.search.space.span import inflight, pipeline_span
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -21,7 +21,7 @@ from paraplan.simulator.memory import (
     moe_layers_in,
 )
 from paraplan.simulator.moe import overlap_extra
-from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
+from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.simulator.stages import pipeline_chunks
 
 
@@ -184,7 +184,7 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)  # moe.a2a_overlap_warmup
     warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
                     overlap_extra(model.num_layers, p, chunks), 0.0)
-    infl = _inflight(sched, p, mi, v, rr, warm)
+    infl = inflight(sched, p, mi, v, rr, warm)
     act = (st.ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
         + act_static
     peak = (1.0 + ALLOCATOR_FRAGMENTATION) * (static + act) + other
@@ -196,9 +196,11 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
 
 
 def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
-               out_step: np.ndarray, times: dict[str, np.ndarray], exact: np.ndarray) -> None:
-    """Step time and its breakdown of the plans ``idx`` of a (pp, vpp) block (in place), from
-    the per-key time tables ``ctx.lc`` and ``ctx.head``."""
+               out_step: np.ndarray, times: dict[str, np.ndarray], exact: np.ndarray,
+               out_lower: np.ndarray) -> None:
+    """Step time, its breakdown and a lower bound on it (``Evaluation.lower_s``) of the plans
+    ``idx`` of a (pp, vpp) block (in place), from the per-key time tables ``ctx.lc`` and
+    ``ctx.head``."""
     model, training, c = space.model, space.training, space.cols
     cb = ctx.cb
     st = _stages(model, p, v)
@@ -227,7 +229,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # the least, and the means need the share summed over each class's stages.
     f, b, sum_f, sum_b, f_min, ep_lone = f0, b0, f0 @ cnt, b0 @ cnt, f0.min(axis=1), 0.0
     if model.is_moe and training.moe_a2a_overlap:
-        lone = _inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))) / m[:, None]
+        lone = inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))) / m[:, None]
         lone_f, lone_b = stage(7), stage(8)
         f, b = f0 + lone[:, rr] * lone_f, b0 + lone[:, rr] * lone_b
         lone_sum = lone @ cls
@@ -242,7 +244,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
         win = f_min / v
         cc = np.maximum(0.0, cc - win) + np.minimum(cc, win) * ctx.slow
-    total, base, odd = _pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
+    total, base, odd = pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
                                       ctx.exact_interleaved)
     fb_c = fb[rows, crit]
     span = total + m * (fb_c - mean_f - mean_b)
@@ -323,70 +325,19 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     times["optimizer"][idx] = opt
     times["exposed_comm"][idx] = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3
     exact[idx] &= (c["uneven"][idx] == 0) & ~odd
-
-
-def _inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
-              stages: np.ndarray, extra: np.ndarray) -> np.ndarray:
-    """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``, with
-    each plan's ``extra`` live (chunk-)micro-batches."""
-    r = stages[None, :]
-    mm = m[:, None].astype(float)
-    ex = extra[:, None].astype(float)
-    out = np.minimum(p - r + ex, mm)  # 1f1b
-    gp = sched == SCHEDULES.index("gpipe")
-    zb = sched == SCHEDULES.index("zb-h1")
-    il = (sched == SCHEDULES.index("interleaved")) & (v > 1)
-    out = np.where(gp[:, None], mm, out)
-    out = np.where(zb[:, None], np.minimum(p + ex, mm), out)
-    if il.any():
-        um, minv = key_index([m])
-        g = np.array([_group_size(p, int(x)) for x in um[:, 0]], dtype=float)[minv, None]
-        inter = np.minimum(2 * (p - r - 1) + (v - 1) * g + 1 + ex, mm * v) / v
-        out = np.where(il[:, None], inter, out)
-    return out
-
-
-def _pipeline_span(sched: np.ndarray, p: int, m: np.ndarray, v: int, tf: np.ndarray,
-                   tb: np.ndarray, tw: np.ndarray, c: np.ndarray, exact: bool,
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``pipeline.pipeline_time`` total with and without transfers, for every plan.
-
-    Interleaved with m >= p and m % p != 0 has no closed form; with ``exact`` those plans run
-    the scalar ``pipeline_time`` (event simulation on equal stages), cached on identical
-    inputs; without, they keep the m % p == 0 form (n = m v + p - 1 chunk slots), a lower
-    bound on both totals (checked against the event simulation in the tests). Returns
-    (total, total without transfers, mask of plans given the bound).
-    """
-    mf = m.astype(float)
-    if p == 1:
-        c = np.zeros_like(c)
-
-    def span(cc: np.ndarray) -> np.ndarray:
-        n1 = mf + p - 1
-        out = n1 * (tf + tb) + 2 * n1 * cc  # gpipe, 1f1b
-        f, bb, w = tf + cc, tb - tw + cc, tw
-        zb = np.maximum(np.maximum(np.maximum(mf, p) * f + n1 * bb + mf * w,
-                                   n1 * f + mf * bb + mf * w),
-                        n1 * (f + bb) + np.maximum(1.0, mf - p + 1) * w)
-        out = np.where(sched == SCHEDULES.index("zb-h1"), zb, out)
-        if v > 1:
-            ni = np.where(mf >= p, mf * v + p - 1, mf + v * p - 1)
-            il = ni * (tf + tb) / v + 2 * ni * cc
-            out = np.where(sched == SCHEDULES.index("interleaved"), il, out)
-        return out
-
-    total = span(c)
-    base = np.where(c > 0, span(np.zeros_like(c)), total)
-    odd_mask = np.zeros(len(m), dtype=bool)
-    if v > 1:
-        odd_mask = (sched == SCHEDULES.index("interleaved")) & (m >= p) & (m % p != 0)
-    if exact:
-        cache: dict[tuple, tuple[float, float]] = {}
-        for j in np.nonzero(odd_mask)[0]:
-            key = (int(m[j]), float(tf[j]), float(tb[j]), float(c[j]))
-            if key not in cache:
-                pt = pipeline_time("interleaved", p, key[0], key[1], key[2], v=v, t_p2p=key[3])
-                cache[key] = (pt.total_s, pt.total_s - pt.p2p_s)
-            total[j], base[j] = cache[key]
-        odd_mask[:] = False
-    return total, base, odd_mask
+    # Uneven splits: the closed form above estimates their span, so they get a bound the
+    # event simulation cannot beat, whatever the schedule. The critical rank does its own
+    # work, m (f_c + b_c); it starts only after the ranks before it have run the first
+    # micro-batch's first chunk forward, and the last micro-batch's first chunk backward
+    # still has to pass them after it ends (weight gradients may wait: b - w; chunks take
+    # 1/v of a rank's time). Transfers and the MoE overlap's unpartnered passes on the ranks
+    # before it only add time, so they are left out. What follows the span (DP sync, ZeRO-3
+    # exposure, optimizer, FSDP copies) is what simulate charges on the same critical stage,
+    # except where another stage ties it (simulate may pick that one): there it is left out.
+    before = (np.cumsum(cls, axis=0) - cls)[rr]  # stages before each class's first, by class
+    fill = np.einsum("ij,ij->i", f0 + b0 - w, before[crit]) / v
+    after = out_step[idx] - span
+    if fb.shape[1] > 1:
+        second = np.partition(fb, -2, axis=1)[:, -2]
+        after = np.where(second >= fb_c * (1 - 1e-9), 0.0, after)
+    out_lower[idx] = np.where(c["uneven"][idx] == 1, m * fb_c + fill + after, out_step[idx])

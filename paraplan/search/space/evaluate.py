@@ -46,7 +46,9 @@ class Evaluation:
 
     ``time`` holds the StepReport ``time_s`` breakdown keys; ``peak_gib`` the worst stage's
     peak memory (GiB); ``exact`` is False where the pipeline span is the closed-form
-    approximation (uneven splits) rather than what ``simulate()`` returns.
+    approximation (uneven splits) rather than what ``simulate()`` returns; ``lower_s`` a
+    lower bound on the step time ``simulate()`` returns (the step time itself where that is
+    exact or already a bound; for uneven splits ``block.block_time``'s span bound).
     """
 
     step_time_s: np.ndarray
@@ -55,6 +57,7 @@ class Evaluation:
     capacity_gib: float
     time: dict[str, np.ndarray]
     exact: np.ndarray
+    lower_s: np.ndarray
 
     @property
     def feasible(self) -> np.ndarray:
@@ -110,11 +113,12 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     out_peak = np.zeros(n)
     out_worst = np.zeros(n, dtype=np.int64)
     exact = np.ones(n, dtype=bool)
+    out_lower = np.full(n, np.nan)
     tkeys = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
              "optimizer", "exposed_comm")
     times = {k: np.zeros(n) for k in tkeys}
     if n == 0:
-        return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
+        return Evaluation(out_step, out_peak, out_worst, capacity, times, exact, out_lower)
 
     # ---- per-layer quantities, once per (tp, cp, sp, mbs, rc, ep, etp, zs) -----------------
     # zs: gradients sharded per micro-batch (ZeRO >= 2), which drops the accumulation pass
@@ -183,7 +187,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         p, v, idx = block
         rows = idx if times_for_oom else idx[fits[idx]]
         if len(rows):
-            block_time(space, p, v, rows, ctx, out_step, times, exact)
+            block_time(space, p, v, rows, ctx, out_step, times, exact, out_lower)
         return len(idx)
 
     # numpy releases the GIL inside its array loops, so blocks (disjoint rows) evaluate in
@@ -198,7 +202,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             done += count
             if progress is not None:
                 progress(done, n)
-    return Evaluation(out_step, out_peak, out_worst, capacity, times, exact)
+    return Evaluation(out_step, out_peak, out_worst, capacity, times, exact, out_lower)
 
 
 def _run_free(space: PlanSpace) -> tuple[str, str]:
