@@ -327,22 +327,25 @@ def test_later_run_settings_only_simulate_what_can_reach_the_top_and_rank_the_sa
     assert sum(len(r.reports) for r in full) == 5 * len(runs)
 
 
+class _Rep:
+    """A stand-in StepReport for ``top_k``: its time, one GiB, one GPU per replica."""
+
+    feasible = True
+
+    def __init__(self, t: float) -> None:
+        self.step_time_s = t
+        self.memory_gb = {"peak": 1.0}
+        self.plan = {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
+
+
 def test_top_k_with_a_cutoff_simulates_only_rows_that_can_beat_it():
     from paraplan.search.exhaustive import top_k
 
     calls = []
 
-    class Rep:
-        feasible = True
-
-        def __init__(self, t: float) -> None:
-            self.step_time_s = t
-            self.memory_gb = {"peak": 1.0}
-            self.plan = {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
-
-    def sim(i: int) -> Rep:
+    def sim(i: int) -> _Rep:
         calls.append(i)
-        return Rep(float(step[i]))
+        return _Rep(float(step[i]))
 
     step = np.array([3.0, 1.0, 5.0, 2.0, 4.0])
     feasible = np.ones(5, dtype=bool)
@@ -358,22 +361,14 @@ def test_top_k_simulates_every_row_whose_lower_bound_can_beat_the_kth():
     below the K-th best is still simulated (and here wins); rows bounded past it are not."""
     from paraplan.search.exhaustive import top_k
 
-    class Rep:
-        feasible = True
-
-        def __init__(self, t: float) -> None:
-            self.step_time_s = t
-            self.memory_gb = {"peak": 1.0}
-            self.plan = {"tp": 1, "pp": 1, "cp": 1, "ep": 1}
-
     exact = np.array([1.0, 2.0, 3.0, 1.5, 9.0])  # what simulate returns
     step = np.array([1.0, 2.0, 3.0, 2.6, 9.5])  # rows 3 and 4 are estimates
     lower = np.array([1.0, 2.0, 3.0, 1.2, 8.0])
     calls: list[int] = []
 
-    def sim(i: int) -> Rep:
+    def sim(i: int) -> _Rep:
         calls.append(i)
-        return Rep(float(exact[i]))
+        return _Rep(float(exact[i]))
 
     got = top_k(step, lower, np.ones(5, dtype=bool), 2, sim)
     assert [r.step_time_s for r in got] == [1.0, 1.5]
