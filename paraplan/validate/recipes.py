@@ -168,8 +168,9 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
     ranked = len(plans) + len(split_times)
     # In the space: a row with the recipe's fields and layer split (rows with inexact,
     # closed-form times, such as accounted interleaved splits, match by plan, not by time).
+    row_of = _row_of(case, plan)
     in_space = bool(np.any(np.isclose(np.concatenate(times), recipe.step_time_s, rtol=1e-9))
-                    or _row_of(case, plan) in {tuple(r) for r in plans.tolist()})
+                    or row_of is not None and np.all(plans == row_of, axis=1).any())
     diff = {k: recipe.time_s[k] - best.time_s[k] for k in STEP_PARTS}
     why = sorted(((v, k) for k, v in diff.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))
     if model.is_moe:

@@ -195,7 +195,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(blocks)))) as pool:
         list(pool.map(memory, blocks))
         needed = np.zeros(len(uniq), dtype=bool)
-        needed[inv[np.ones(n, dtype=bool) if times_for_oom else fits]] = True
+        needed[inv if times_for_oom else inv[fits]] = True
         ctx.lc, ctx.head = _key_tables(space, dev, uniq, rc, needed, plan_of)
         done = 0
         for count in pool.map(timing, blocks):
