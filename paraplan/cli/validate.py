@@ -132,8 +132,9 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
 
 def validate_recipes_cmd(
     source: Annotated[list[str] | None, typer.Option(
-        "--source", help="dgxc_nemo_h100, megatron_bridge_moe, megatron_bridge_dense, "
-        "torchtitan or mosaicml_llmfoundry_mpt (repeat; default: all five).")] = None,
+        "--source", help="dgxc_nemo_h100, megatron_bridge_moe, megatron_bridge_moe_2608, "
+        "megatron_bridge_dense, torchtitan or mosaicml_llmfoundry_mpt (repeat; default: all "
+        "six).")] = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Search every bundled tuned recipe again (same model, GPUs, batch, sequence, its

@@ -136,6 +136,12 @@ SOURCES: dict[str, SourceConvention] = {
         "DeepSeek-V3: MoE pre-training with routing forced to balance "
         "(moe_router_force_load_balancing), dropless, grouped GEMM, fused permute",
         grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
+    "megatron_bridge_moe_2608": SourceConvention(
+        "megatron-core", True, None, None, None,
+        "NVIDIA Megatron-Bridge performance summary (26.08 container, v0.6.0 perf recipes): "
+        "MoE pre-training on DGX-GB200 in MXFP8 with HybridEP, the EP all-to-all overlap and "
+        "full-iteration CUDA graphs (sync-free MoE); the 26.04.01 rows' configurations re-run",
+        grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
     "megatron_bridge_ep_overlap": SourceConvention(
         "megatron-core", True, None, None, None,
         "NVIDIA Megatron-Bridge's expert-parallel overlap benchmarks (skills/"

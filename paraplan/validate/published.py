@@ -41,7 +41,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_THROUGHPUT_CSV = DATA_DIR / "published_throughput.csv"
 MOE_THROUGHPUT_CSV = DATA_DIR / "moe_throughput.csv"
 """Published MoE runs paraplan adds to the shared set (``megatron_bridge_moe``,
-moe_sources.md)."""
+``megatron_bridge_moe_2608``, moe_sources.md)."""
 DENSE_THROUGHPUT_CSV = DATA_DIR / "dense_throughput.csv"
 """Published dense runs paraplan adds: NVIDIA's Llama 3 recipes on DGX-GB200 and DGX-H100
 (``megatron_bridge_dense``, dense_sources.md)."""

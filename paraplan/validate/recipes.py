@@ -51,8 +51,8 @@ from paraplan.validate.rows import LAYOUT_GUESSED
 
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc")
 """The space columns that name a plan (``PlanSpace``; ``m`` and ``uneven`` follow from them)."""
-RECIPE_SOURCES = ("dgxc_nemo_h100", "megatron_bridge_moe", "megatron_bridge_dense",
-                  "torchtitan", "mosaicml_llmfoundry_mpt")
+RECIPE_SOURCES = ("dgxc_nemo_h100", "megatron_bridge_moe", "megatron_bridge_moe_2608",
+                  "megatron_bridge_dense", "torchtitan", "mosaicml_llmfoundry_mpt")
 """Sources whose rows are tuned benchmark recipes (sources.md, holdout/SOURCES.md,
 moe_sources.md, dense_sources.md)."""
 
