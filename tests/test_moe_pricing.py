@@ -371,3 +371,30 @@ def test_the_attention_half_a_search_shares_prices_the_layer_as_computing_it(ep,
     other_tp = ParallelPlan(tp=4, cp=2, ep=ep, etp=etp, sequence_parallel=sp)
     assert layer_times(model, training, other_tp, dev, moe=True, attention=shared) != \
         layer_times(model, training, other_tp, dev, moe=True)  # the key matters: tp does
+
+
+def test_gb200_recipes_rerun_in_26_08_match_the_26_04_layouts() -> None:
+    """NVIDIA's 26.08 table re-runs the four GB200 MoE recipes on the same GPUs and layouts
+    (moe_sources.md, megatron_bridge_moe_2608): each row pairs with a 26.04.01 row, NVIDIA
+    measured it faster, and paraplan predicts the newer settings (all-to-all overlap, MXFP8)
+    faster as well."""
+    from paraplan.simulator.step import simulate
+    from paraplan.validate.published import load_published_throughput
+
+    cases = load_published_throughput()
+    old = {c.model.name: c for c in cases if c.source_id == "megatron_bridge_moe"
+           and c.cluster is not None and c.cluster.gpu.name == "gb200"}
+    new = [c for c in cases if c.source_id == "megatron_bridge_moe_2608"]
+    assert len(new) == 4 and {c.model.name for c in new} == set(old)
+    for case in new:
+        before = old[case.model.name]
+        for field in ("tp", "pp", "ep", "virtual_stages", "micro_batch_size"):
+            assert getattr(case.plan, field) == getattr(before.plan, field), field
+        assert case.num_gpus == before.num_gpus
+        assert case.training.moe_a2a_overlap and case.training.precision == "fp8"
+        assert case.measured_step_time_s < before.measured_step_time_s
+        fast = simulate(case.model, case.cluster, case.training, case.plan, time_if_oom=True)
+        slow = simulate(before.model, before.cluster, before.training, before.plan,
+                        time_if_oom=True)
+        assert fast.step_time_s is not None and slow.step_time_s is not None
+        assert fast.step_time_s < slow.step_time_s
