@@ -13,7 +13,7 @@ All times are seconds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from paraplan.simulator import moe as routing
@@ -198,6 +198,30 @@ class LayerTimes:
     expert_fwd_s: float = 0.0
     """Routed experts' GEMM part of gemm_fwd_s (MoE layers; 0 for dense ones): what runs
     between the dispatch and the combine all-to-all."""
+
+
+def dispatch_sort_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                       device: Device) -> float:
+    """Forward seconds of one MoE layer's sort of the received rows by local expert and back
+    (``moe.sort_elements_per_token``, memory-bound), one micro-batch, one rank. It reads the
+    MoE dispatcher, so ``layer_times`` (which does not) leaves it to ``with_dispatch_sort``."""
+    elems = routing.sort_elements_per_token(model, training, plan)
+    if not elems:
+        return 0.0
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    return tokens * elems * training.compute_bytes / device.memory_Bps
+
+
+def with_dispatch_sort(times: LayerTimes, sort_s: float) -> LayerTimes:
+    """``times`` with the dispatcher's sort (``dispatch_sort_time``) added as memory-bound work,
+    once forward and once backward: a permutation's gradient is the inverse permutation of
+    the gradient rows, the same bytes (not the two passes other elementwise ops are priced
+    at)."""
+    if not sort_s:
+        return times
+    return replace(times, forward_s=times.forward_s + sort_s,
+                   backward_s=times.backward_s + sort_s,
+                   elementwise_fwd_s=times.elementwise_fwd_s + sort_s)
 
 
 def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

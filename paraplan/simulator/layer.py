@@ -13,8 +13,10 @@ from paraplan.simulator import moe as routing
 from paraplan.simulator.compute import (
     Device,
     LayerTimes,
+    dispatch_sort_time,
     gemm_time,
     layer_times,
+    with_dispatch_sort,
 )
 from paraplan.simulator.grads import FP32_BYTES
 from paraplan.simulator.loss import lm_head_times
@@ -88,6 +90,8 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     """
     lt, tp_c, cp_c, cp_b = layer_compute_parts(model, topo, training, plan, device, moe=moe,
                                                base_rank=base_rank)
+    if moe:  # the dispatcher's sort by local expert (it reads the dispatcher)
+        lt = with_dispatch_sort(lt, dispatch_sort_time(model, training, plan, device))
     ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
                                    base_rank=base_rank)
     return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap)

@@ -16,7 +16,12 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import Device, attention_times
+from paraplan.simulator.compute import (
+    Device,
+    attention_times,
+    dispatch_sort_time,
+    with_dispatch_sort,
+)
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
@@ -297,8 +302,13 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
             ep_c = memo.get(a2a_key)
             if ep_c is None:
                 ep_c = memo[a2a_key] = layer_a2a_time(model, topo, training, plan, moe=True)
+            sort_key = ("sort", run_free, training.moe_dispatcher, *a2a_shape(training, plan))
+            sort_s = memo.get(sort_key)
+            if sort_s is None:
+                sort_s = memo[sort_key] = dispatch_sort_time(model, training, plan, dev)
             overlap = a2a_overlap_share(training, plan, dev, moe=True)
-            return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap))
+            return parts_row(LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_c, cp_b,
+                                        overlap))
 
         mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), 11)
         sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)
