@@ -263,10 +263,10 @@ def test_other_moe_run_settings_reuse_the_per_key_costs() -> None:
     evaluate_space(base, times_for_oom=True)
 
     def run_free() -> int:
-        return sum(1 for k in base.memo if k[0] not in ("a2a", "sort"))
+        return sum(1 for k in base.memo if k[0] != "a2a")
 
     def a2a(dispatcher: str) -> int:
-        return sum(1 for k in base.memo if k[0] in ("a2a", "sort") and k[2] == dispatcher)
+        return sum(1 for k in base.memo if k[0] == "a2a" and k[2] == dispatcher)
 
     filled, own = run_free(), a2a(tr.moe_dispatcher)
     assert filled > 0 and own > 0

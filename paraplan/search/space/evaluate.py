@@ -16,12 +16,7 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import (
-    Device,
-    attention_times,
-    dispatch_sort_time,
-    with_dispatch_sort,
-)
+from paraplan.simulator.compute import Device, attention_times, dispatch_sort_time
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
@@ -256,11 +251,12 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
     memo = space.memo
     run_free = _run_free(space)
 
-    def parts_row(pt: LayerParts) -> tuple[float, ...]:
+    def parts_row(pt: LayerParts, sort_s: float = 0.0) -> tuple[float, ...]:
+        # sort_s: the MoE dispatcher's sort, added as ``compute.with_dispatch_sort`` adds it
         lt = pt.times
-        return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-                lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
-                pt.ep_overlap_slowdown or 0.0)
+        return (lt.forward_s + sort_s, lt.backward_s + sort_s, lt.gemm_fwd_s,
+                lt.attention_fwd_s, lt.elementwise_fwd_s + sort_s, lt.expert_fwd_s, pt.tp_s,
+                pt.cp_s, pt.ep_s, pt.cp_bwd_s, pt.ep_overlap_slowdown or 0.0)
 
     keys, krc = uniq[needed], rc[needed]
     du, dinv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7)])
@@ -298,17 +294,15 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
             # The all-to-alls read the dispatcher, not the overlap, and of the plan only its
             # a2a_shape: the space of the other overlap setting (derive_space) and plans with
             # the same shape take them from the memo.
+            # So does the dispatcher's sort by local expert (``compute.dispatch_sort_time``).
             a2a_key = ("a2a", run_free, training.moe_dispatcher, *a2a_shape(training, plan))
-            ep_c = memo.get(a2a_key)
-            if ep_c is None:
-                ep_c = memo[a2a_key] = layer_a2a_time(model, topo, training, plan, moe=True)
-            sort_key = ("sort", run_free, training.moe_dispatcher, *a2a_shape(training, plan))
-            sort_s = memo.get(sort_key)
-            if sort_s is None:
-                sort_s = memo[sort_key] = dispatch_sort_time(model, training, plan, dev)
+            hit = memo.get(a2a_key)
+            if hit is None:
+                hit = memo[a2a_key] = (layer_a2a_time(model, topo, training, plan, moe=True),
+                                       dispatch_sort_time(model, training, plan, dev))
+            ep_c, sort_s = hit
             overlap = a2a_overlap_share(training, plan, dev, moe=True)
-            return parts_row(LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_c, cp_b,
-                                        overlap))
+            return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap), sort_s)
 
         mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), 11)
         sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)
