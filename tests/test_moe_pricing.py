@@ -420,9 +420,10 @@ def test_alltoall_dispatcher_sorts_received_rows_by_local_expert() -> None:
     assert moe.sort_elements_per_token(model, hybrid, plan) == 0.0
     assert moe.sort_elements_per_token(model, eager, plan) == 0.0
     assert moe.sort_elements_per_token(model, training, ParallelPlan(ep=128)) == 0.0
-    # Under TP with sequence parallelism the rows are gathered over expert-TP first.
+    # Under TP with sequence parallelism each rank dispatches s / tp tokens and the rows are
+    # gathered over expert-TP first: per dispatched token k * etp rows.
     sp = ParallelPlan(tp=2, sequence_parallel=True, ep=16, etp=2)
-    assert moe.sort_elements_per_token(model, training, sp) == 4 * 2048 * 8 * 2 / 2
+    assert moe.sort_elements_per_token(model, training, sp) == 4 * 2048 * 8 * 2
     device = Device.of_training(load_cluster("dgx-h100", 2).gpu, training)
     by_hand = 4096 * (4 * 2048 * 8) * 2.0 / device.memory_Bps  # tokens x elements x bf16
     assert dispatch_sort_time(model, training, plan, device) == pytest.approx(by_hand)
@@ -431,3 +432,18 @@ def test_alltoall_dispatcher_sorts_received_rows_by_local_expert() -> None:
     flex = layer_parts(model, cluster.topology, hybrid, plan, device, moe=True)
     assert a2a.times.forward_s - flex.times.forward_s == pytest.approx(by_hand)
     assert a2a.times.backward_s - flex.times.backward_s == pytest.approx(by_hand)
+
+
+def test_dispatch_sort_reads_the_plan_only_through_its_a2a_shape() -> None:
+    """The evaluator keeps the sort with the all-to-all, memoized by ``moe.a2a_shape``: plans
+    of one shape get the very same seconds (bit for bit), whatever their tp and micro-batch."""
+    from paraplan.simulator.compute import dispatch_sort_time
+
+    model = load_model("qwen3-30b-a3b")
+    training = TrainingSpec(global_batch_size=1024, seq_len=4096, moe_dispatcher="alltoall")
+    device = Device.of_training(load_cluster("dgx-h100", 2).gpu, training)
+    one = ParallelPlan(tp=1, ep=8, micro_batch_size=1)
+    other = ParallelPlan(tp=2, sequence_parallel=True, ep=8, etp=1, micro_batch_size=2)
+    assert moe.a2a_shape(training, one) == moe.a2a_shape(training, other)
+    assert dispatch_sort_time(model, training, one, device) == \
+        dispatch_sort_time(model, training, other, device) > 0.0

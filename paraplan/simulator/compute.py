@@ -208,8 +208,8 @@ def dispatch_sort_time(model: ModelSpec, training: TrainingSpec, plan: ParallelP
     elems = routing.sort_elements_per_token(model, training, plan)
     if not elems:
         return 0.0
-    tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    return tokens * elems * training.compute_bytes / device.memory_Bps
+    return (routing.dispatch_tokens(training, plan) * elems * training.compute_bytes
+            / device.memory_Bps)
 
 
 def with_dispatch_sort(times: LayerTimes, sort_s: float) -> LayerTimes:

@@ -122,8 +122,9 @@ def permute_elements_per_token(model: ModelSpec, plan: ParallelPlan, *,
 
 def sort_elements_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
                             ) -> float:
-    """Elements read plus written per layer token (``b s / cp``) to sort the rows a rank
-    receives by local expert after the dispatch all-to-all, and back before the combine.
+    """Elements read plus written per dispatched token (``dispatch_tokens``) to sort the rows
+    a rank receives by local expert after the dispatch all-to-all, and back before the
+    combine.
 
     Megatron-Core's all-to-all dispatcher receives its rows grouped by source rank and, when a
     rank holds more than one expert, copies them into expert order ("Permutation 2",
@@ -131,15 +132,17 @@ def sort_elements_per_token(model: ModelSpec, training: TrainingSpec, plan: Para
     ``combine_preprocess``), both through ``moe_utils.sort_chunks_by_idxs`` (core_v0.15.0 to
     core_v0.19.0; with ``moe_pad_expert_input_to_capacity`` a ``transpose().contiguous()`` of
     the padded buffer, the same bytes). Each pass reads and writes every received row, ``h``
-    wide: ``4 h`` per routed row (``routed_copies_per_token`` rows per token, times
-    ``load_factor``). torchtitan's all-to-all path does the same with index gathers. The
+    wide: ``4 h`` per routed row, ``k`` rows per token gathered over the expert-TP group
+    (``etp_gather``), times ``load_factor``. Per dispatched token, so that the sort reads
+    the plan only through ``a2a_shape`` (as the all-to-all does). torchtitan's all-to-all
+    path does the same with index gathers. The
     flex dispatchers (DeepEP, HybridEP: ``hierarchical``) return rows ready to permute per
     expert (``permute_elements_per_token`` counts that permute), and an eager stack's count
     already holds its per-expert gathers and scatters; neither adds this."""
     if (training.moe_dispatcher != "alltoall" or training.kernels == "eager"
             or model.num_experts // plan.ep <= 1):
         return 0.0
-    return (4.0 * model.hidden_size * routed_copies_per_token(model, plan)
+    return (4.0 * model.hidden_size * model.moe_top_k * etp_gather(plan)
             * load_factor(training, plan))
 
 
@@ -147,7 +150,8 @@ def a2a_shape(training: TrainingSpec, plan: ParallelPlan) -> tuple:
     """Everything of the plan ``layer_a2a_time`` reads (placed from rank 0): ep, expert TP,
     the expert-TP gather (``moe.etp_gather``), the tokens each rank routes
     (``moe.dispatch_tokens``), the capacity factor and the placement; plans with equal
-    shapes have equal all-to-alls, so a search prices each shape once."""
+    shapes have equal all-to-alls (and equal sorts by local expert, ``sort_elements_per_token``
+    per dispatched token), so a search prices each shape once."""
     return (plan.ep, plan.expert_tp, etp_gather(plan),
             dispatch_tokens(training, plan), plan.moe_capacity_factor,
             None if plan.placement is None else tuple(plan.placement))
