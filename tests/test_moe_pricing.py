@@ -447,3 +447,29 @@ def test_dispatch_sort_reads_the_plan_only_through_its_a2a_shape() -> None:
     assert moe.a2a_shape(training, one) == moe.a2a_shape(training, other)
     assert dispatch_sort_time(model, training, one, device) == \
         dispatch_sort_time(model, training, other, device) > 0.0
+
+
+def test_fp8_expert_inputs_are_cast_by_their_own_kernel() -> None:
+    """Transformer Engine's grouped linear quantizes the permuted tokens and the activation
+    output itself (tex.split_quantize), so each expert GEMM's fp8 cast also reads the 16-bit
+    input (2 B per element) that a dense layer's norm would have cast in place; bf16 runs and
+    eager casts (whose 5 B already read it) are unchanged."""
+    from paraplan.simulator.compute import expert_gemm_time, gemm_time
+
+    gpu = load_cluster("dgx-h100", 1).gpu
+    fp8 = TrainingSpec(global_batch_size=8, seq_len=4096, precision="fp8", fp8_scaling="block")
+    device = Device.of_training(gpu, fp8)
+    m, n, k = 8192.0, 2048.0, 7168.0
+    extra = gemm_time(device, m, n, k, own_cast=True) - gemm_time(device, m, n, k)
+    assert extra == pytest.approx(2.0 * m * k / device.memory_Bps)
+    for other in (TrainingSpec(global_batch_size=8, seq_len=4096),
+                  fp8.model_copy(update={"kernels": "eager"})):
+        dev = Device.of_training(gpu, other)
+        assert gemm_time(dev, m, n, k, own_cast=True) == gemm_time(dev, m, n, k)
+    # Qwen3-30B-A3B, EP 8: 16 local experts, each GEMM pair's inputs (h, then ffn) read once.
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(ep=8)
+    rows = moe.expert_rows(model, fp8, plan)
+    by_hand = 16 * 2.0 * rows * (2048 + 768) / device.memory_Bps
+    plain = 16 * (gemm_time(device, rows, 2 * 768, 2048) + gemm_time(device, rows, 2048, 768))
+    assert expert_gemm_time(model, fp8, plan, device) - plain == pytest.approx(by_hand)

@@ -76,6 +76,10 @@ class Device:
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
     fp8_weights_cached: bool = False
     """Weights are cast to fp8 once per step, not per GEMM call (``weight_cache``)."""
+    fp8_input_read_bytes: float = 0.0
+    """Bytes per input element a fused stack's fp8 cast reads when it cannot live in the
+    producing kernel (``gemm_time``'s ``own_cast``): the 16-bit read, 2 B; 0 when not
+    training in fp8 and for eager casts (their 5 B already read the input)."""
     fp8_cast_launches: int = 0
     """Kernels each current-scaled fp8 cast launches beside the cast itself
     (``TrainingSpec.fp8_cast_kernels``), each at least ``KERNEL_OVERHEAD_S``."""
@@ -119,6 +123,7 @@ class Device:
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,
+                   fp8_input_read_bytes=2.0 if fp8 and kernels != "eager" else 0.0,
                    fp8_cast_launches=cast_kernels if fp8 and scaling == "current" else 0,
                    nccl_sms=gpu.nccl_channels or NCCL_SMS)
 
@@ -148,8 +153,11 @@ def wave_efficiency(m: float, n: float, sm_count: int | None) -> float:
     return best
 
 
-def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 2.0) -> float:
-    """Roofline time of one (m x k) @ (k x n) GEMM with wave quantization, seconds."""
+def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 2.0, *,
+              own_cast: bool = False) -> float:
+    """Roofline time of one (m x k) @ (k x n) GEMM with wave quantization, seconds.
+    ``own_cast``: in fp8, the m x k input is cast by a kernel of its own, which reads the
+    16-bit tensor (``Device.fp8_input_read_bytes``), not inside the op that produced it."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * m * n * k
@@ -171,6 +179,8 @@ def gemm_time(device: Device, m: float, n: float, k: float, elem_bytes: float = 
         # ``optimizer_step_time``.
         weights = 0.0 if device.fp8_weights_cached else k * n
         gemm += device.fp8_cast_bytes * (m * k + weights) / device.memory_Bps
+        if own_cast:
+            gemm += device.fp8_input_read_bytes * m * k / device.memory_Bps
         # Current scaling: each cast's own amax and scale kernels (``fp8_cast_launches``):
         # the forward casts the input (and the weight unless cached), the backward only
         # grad_output (the saved fp8 input serves the weight gradient). layer_times prices the
@@ -324,12 +334,19 @@ def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
 def expert_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
                      device: Device) -> float:
     """Forward GEMM seconds of the rank's routed experts in one MoE layer and micro-batch:
-    every local expert's two (three) matrices on its routed rows, split by expert TP."""
+    every local expert's two (three) matrices on its routed rows, split by expert TP.
+
+    In fp8 each expert GEMM's input is cast by a kernel of its own (``own_cast``): Transformer
+    Engine's grouped linear quantizes the permuted tokens and the activation output it is
+    handed (``tex.split_quantize`` in ``_GroupedLinear.forward``, v2.x
+    transformer_engine/pytorch/module/grouped_linear.py), so the cast reads the 16-bit rows
+    that the permute or the activation wrote, where a dense layer's norm writes fp8 itself."""
     gate = 2 if model.mlp_matrices == 3 else 1
     ffn = model.expert_ffn / plan.expert_tp
     h = model.hidden_size
     routed = routing.expert_rows(model, training, plan)  # rows per local expert
-    per_expert = gemm_time(device, routed, gate * ffn, h) + gemm_time(device, routed, h, ffn)
+    per_expert = gemm_time(device, routed, gate * ffn, h, own_cast=True) \
+        + gemm_time(device, routed, h, ffn, own_cast=True)
     return max(1, model.num_experts // plan.ep) * per_expert
 
 
