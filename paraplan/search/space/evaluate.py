@@ -16,7 +16,12 @@ from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
 from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
-from paraplan.simulator.compute import Device, attention_times, dispatch_sort_time
+from paraplan.simulator.compute import (
+    Device,
+    attention_times,
+    dispatch_sort_time,
+    with_dispatch_sort,
+)
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
@@ -251,12 +256,11 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
     memo = space.memo
     run_free = _run_free(space)
 
-    def parts_row(pt: LayerParts, sort_s: float = 0.0) -> tuple[float, ...]:
-        # sort_s: the MoE dispatcher's sort, added as ``compute.with_dispatch_sort`` adds it
+    def parts_row(pt: LayerParts) -> tuple[float, ...]:
         lt = pt.times
-        return (lt.forward_s + sort_s, lt.backward_s + sort_s, lt.gemm_fwd_s,
-                lt.attention_fwd_s, lt.elementwise_fwd_s + sort_s, lt.expert_fwd_s, pt.tp_s,
-                pt.cp_s, pt.ep_s, pt.cp_bwd_s, pt.ep_overlap_slowdown or 0.0)
+        return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
+                lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
+                pt.ep_overlap_slowdown or 0.0)
 
     keys, krc = uniq[needed], rc[needed]
     du, dinv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7)])
@@ -302,7 +306,8 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
                                        dispatch_sort_time(model, training, plan, dev))
             ep_c, sort_s = hit
             overlap = a2a_overlap_share(training, plan, dev, moe=True)
-            return parts_row(LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap), sort_s)
+            return parts_row(LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_c, cp_b,
+                                        overlap))
 
         mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), 11)
         sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)

@@ -5,6 +5,7 @@ named trainer cannot express. Rejected plans are counted under one reason per ru
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -53,19 +54,27 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
                             field="--fix", value=pinned[0])
 
 
+def _structural_rules(trainer: TrainerSpec, tp: Any, pp: Any, sched: Any
+                      ) -> list[tuple[str, Any]]:
+    """``trainer_mask``'s first rules, which read only tp, pp and the schedule: (reason,
+    refused) for numbers or numpy arrays alike."""
+    can, who = trainer.can, trainer.label
+    allowed_sched = np.array([s in can.schedules for s in SCHEDULES])
+    return [
+        (f"{who} has no tensor parallelism", (tp > 1) & (not can.tensor_parallel)),
+        (f"{who} has no pipeline parallelism", (pp > 1) & (not can.pipeline_parallel)),
+        (f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)",
+         (pp > 1) & ~allowed_sched[sched]),
+    ]
+
+
 def structural_reason(trainer: TrainerSpec, tp: int, pp: int, sched: int) -> str | None:
     """Why the trainer refuses every plan of a (tp, pp, schedule) block, by ``trainer_mask``'s
-    first three rules (they read nothing else and come before every other rule, so a
-    space that drops such blocks before building their rows counts them under the same
-    reasons); None if it does not."""
-    can, who = trainer.can, trainer.label
-    if tp > 1 and not can.tensor_parallel:
-        return f"{who} has no tensor parallelism"
-    if pp > 1 and not can.pipeline_parallel:
-        return f"{who} has no pipeline parallelism"
-    if pp > 1 and SCHEDULES[sched] not in can.schedules:
-        return f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)"
-    return None
+    first rules (``_structural_rules``: they read nothing else and come before every other
+    rule, so a space that drops such blocks before building their rows counts them under the
+    same reasons); None if it does not."""
+    return next((reason for reason, refused in _structural_rules(trainer, tp, pp, sched)
+                 if refused), None)
 
 
 def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: ModelSpec,
@@ -76,17 +85,12 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
     sp, zero, sched, v, rc, m = (cols["sp"], cols["zero"], cols["sched"], cols["v"], cols["rc"],
                                  cols["m"])
     piped = pp > 1
-    allowed_sched = np.array([s in can.schedules for s in SCHEDULES])
     allowed_rc = np.array([r in can.recompute for r in RECOMPUTES])
     allowed_zero = np.array([z in can.zero_stages for z in range(4)])
     piped_zero = can.zero_stages if can.zero_stages_with_pp is None else can.zero_stages_with_pp
     allowed_piped_zero = np.array([z in piped_zero for z in range(4)])
-    # The first three rules are structural_reason's (keep them first and the same).
-    rules: list[tuple[str, np.ndarray]] = [
-        (f"{who} has no tensor parallelism", (tp > 1) & (not can.tensor_parallel)),
-        (f"{who} has no pipeline parallelism", piped & (not can.pipeline_parallel)),
-        (f"{who} cannot run that pipeline schedule ({', '.join(can.schedules)} only)",
-         piped & ~allowed_sched[sched]),
+    # structural_reason's rules first: build_space drops those blocks under the same reasons.
+    rules: list[tuple[str, np.ndarray]] = _structural_rules(trainer, tp, pp, sched) + [
         (f"{who} cannot express that ZeRO stage ({', '.join(map(str, can.zero_stages))} only)",
          ~piped & ~allowed_zero[zero]),
         (f"{who} runs ZeRO {', '.join(map(str, piped_zero))} with pipeline parallelism",
