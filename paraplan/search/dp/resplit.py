@@ -33,19 +33,8 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     what its re-split reaches (a 16-stage pipeline whose last stage also holds the MTP
     module and the LM head runs far behind its re-split), so the fastest rows alone can all
     be variants (ZeRO stage, micro-batch, recompute) of the few shapes the even split suits."""
-    model, cluster, training, c = space.model, space.cluster, space.training, space.cols
-    pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
-    rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
-    rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")]
-    picked = rows[:candidates]
-    if shapes and len(rows):
-        _, code = key_index([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp",
-                                                      "sched")])
-        _, first = np.unique(code, return_index=True)  # each shape's fastest row
-        first = np.sort(first)  # fastest shapes first
-        new = first[~np.isin(code[first], code[:len(picked)])][:shapes]
-        picked = np.concatenate([picked, rows[new]])
-    rows = picked
+    model, cluster, training = space.model, space.cluster, space.training
+    rows = finalist_rows(space, ev, candidates, shapes)
     if trainer is not None and not trainer.can.uneven_layers:
         rows = rows[:0]
     out: list[StepReport] = []
@@ -64,6 +53,33 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
             seen.add(key)
             out.append(rep)
     return out, resplit
+
+
+def finalist_rows(space: PlanSpace, ev: Evaluation, candidates: int, shapes: int = 0
+                  ) -> np.ndarray:
+    """Rows of ``space`` that :func:`resplit_finalists` re-splits: the ``candidates`` fastest
+    non-interleaved pipelined plans whose even split needs at most 25% more memory than the
+    GPU has, then the fastest row of each of the ``shapes`` fastest parallel shapes those
+    rows do not cover.
+
+    Monotone in both counts: a shape with any row among the fastest ``candidates`` has its
+    fastest row there too (rows are taken in time order), and the fastest shapes outside a
+    larger set of rows are at most as many places down as outside a smaller one. So more
+    candidates with at least as many shapes pick a superset of the rows (the dp searcher's
+    re-split covers the exhaustive searcher's; tested)."""
+    c = space.cols
+    pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
+    rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
+    rows = rows[np.argsort(ev.step_time_s[rows], kind="stable")]
+    picked = rows[:candidates]
+    if shapes and len(rows):
+        _, code = key_index([c[k][rows] for k in ("tp", "pp", "cp", "ep", "etp", "sp",
+                                                      "sched")])
+        _, first = np.unique(code, return_index=True)  # each shape's fastest row
+        first = np.sort(first)  # fastest shapes first
+        new = first[~np.isin(code[first], code[:len(picked)])][:shapes]
+        picked = np.concatenate([picked, rows[new]])
+    return picked
 
 
 def best_split(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
