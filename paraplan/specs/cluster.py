@@ -41,7 +41,13 @@ class GemmTable(StrictModel):
 
     name: str
     reference_peak_tflops: float = Field(gt=0, le=1e6)
-    """Dense 16-bit peak of the GPU the table was measured on (to scale to other parts)."""
+    """Dense peak of the table's dtype on the GPU it was measured on (to scale to other
+    parts)."""
+    reference_matmul_efficiency: float | None = Field(default=None, gt=0, le=1)
+    """Best large-GEMM efficiency of that GPU measured the way ``GPUSpec.matmul_efficiency``
+    is (stas00's mamf-finder), where one exists: a part's table is then the reference's shape
+    profile at the part's own measured level (``Device.of``), not at the reference's level
+    times the ratio of rated peaks. None = scale by the rated peaks alone."""
     m: list[int] = Field(min_length=1)
     n: list[int] = Field(min_length=1)
     k: list[int] = Field(min_length=1)

@@ -165,7 +165,9 @@ def load_gemm_table(name: str, key: str = "gemm_table") -> GemmTable:
                         f"= {missing[:3]}", field="gemm_table.csv", value=meta["csv"])
     values = [sum(cells[(m, n, k)]) / len(cells[(m, n, k)]) for m in ms for n in ns for k in ks]
     return _build(GemmTable, {"name": name, "reference_peak_tflops":
-                              meta["reference_peak_tflops"], "m": ms, "n": ns, "k": ks,
+                              meta["reference_peak_tflops"],
+                              "reference_matmul_efficiency":
+                              meta.get("reference_matmul_efficiency"), "m": ms, "n": ns, "k": ks,
                               "tflops": values, "sources": meta.get("sources", [])},
                   "gemm_table")
 
