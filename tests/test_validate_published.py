@@ -315,6 +315,8 @@ def test_dtfm_step_time_and_its_flop_count(cases, rows):
     ("korthikanti2022", "mfu", 50.0),
     ("dtfm_yuan2022", "tflops_per_gpu", 20.0),
     ("bloom176b_bigscience", "step_time_s", 10.0),
+    ("llama3_paper", "tflops_per_gpu", 400.0),
+    ("llama3_paper", "mfu", 41.0),
 ])
 def test_metric_round_trip(source, metric, value):
     shape = RunShape(512, 2048, 64, 24, 2048, 50257, 1.3e9)
@@ -468,3 +470,30 @@ def test_megatron_split_counting_embedding_and_loss_by_hand():
     assert qwen and all(sum(c.plan.layers_per_stage) == 94 for c in qwen)
     assert all(c.plan.layers_per_stage == accounted_split(94, c.plan.pp, c.plan.virtual_stages)
                for c in qwen)
+
+
+def test_llama3_paper_rows_run_the_papers_pipeline_and_palm_flops():
+    """The Llama 3 paper (arXiv:2407.21783 p. 11) takes one layer off the first and the last
+    pipeline stage so that the first chunk holds only the embedding and the last only the
+    loss, interleaved: 126 + 2 = 16 x 8 chunks of one layer. Its TFLOP/s are PaLM's model
+    FLOPs (6N + 12 L H Q T, the MFU it cites): 430 TFLOP/s on 8,192 GPUs for 16M tokens is
+    a 12.6 s step. The 128K row all-gathers K/V (the paper's CP)."""
+    from paraplan.validate.conventions import palm_flops_per_token
+    from paraplan.validate.source_facts import llama3_paper_layout
+
+    assert llama3_paper_layout(126, 16) == (8, [0] + [1] * 126 + [0])
+    assert llama3_paper_layout(126, 5) is None
+    cases = [c for c in load_published_throughput(DATA_DIR / "holdout" /
+                                                  "holdout_throughput.csv")
+             if c.source_id == "llama3_paper"]
+    assert len(cases) == 3 and all(c.skip_reason is None for c in cases)
+    first = cases[0]
+    assert first.plan.pp == 16 and first.plan.virtual_stages == 8
+    assert first.plan.layers_per_stage == [0] + [1] * 126 + [0]
+    tokens = 2048 * 8192
+    want = tokens * palm_flops_per_token(first.model.num_params, 126, 16384, 8192) / (
+        430e12 * 8192)
+    assert first.measured_step_time_s == pytest.approx(want, rel=1e-9)
+    assert 12.4 < want < 12.7
+    assert cases[2].plan.cp == 16 and cases[2].training.cp_kv_exchange == "allgather"
+    assert cases[0].training.cp_kv_exchange == "ring"

@@ -66,6 +66,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TORCHTITAN_LOSS_COMPILED_FROM,
+    llama3_paper_layout,
     mpt_flash_attention_version,
     recipe_chunks,
     row_year_month,
@@ -301,6 +302,13 @@ def _plan(row: dict[str, Any], s: _Specs, model: ModelSpec, num_gpus: int) -> Pa
     if s.source == "bloom176b_bigscience" and pp == 12 and model.num_layers == 70:
         layers_per_stage = list(BLOOM_LAYERS_PER_STAGE)
         s.notes.append("layers per stage 5,6x10,5 (tr11 'type:transformer|embedding' partition)")
+    if s.source == "llama3_paper" and vpp == 1 and not vpp_text:
+        layout = llama3_paper_layout(model.num_layers, pp)
+        if layout is not None:
+            vpp, layers_per_stage = layout
+            s.notes.append(f"interleaved, V={vpp}, one layer per chunk with the first chunk "
+                           "holding only the embedding and the last only the loss (paper "
+                           "Sec. 3.3.2, p. 11: source_facts.llama3_paper_layout)")
     if recompute is None:
         if s.source == "torchtitan":
             recompute = "selective"
@@ -401,6 +409,11 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                            "(llm-foundry 5e85bd62d sweep.py)")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
+        if "cp is all-gather based" in notes.lower():
+            # Llama 3 (arXiv:2407.21783 p. 11): "the key (K) and value (V) tensors are first
+            # all-gathered, and then attention output is computed for the local query".
+            explicit["cp_kv_exchange"] = "allgather"
+            s.notes.append("context parallel K/V all-gathered before attention (the paper)")
         # NVIDIA's fp8 recipes name their scaling (perf summary: "FP8 current scaling",
         # "MXFP8"); the rest keep their trainer's recipe.
         if "current scaling" in notes:

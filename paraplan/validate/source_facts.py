@@ -115,6 +115,23 @@ def recipe_chunks(model_name: str, num_layers: int, pp: int, vpp: int
     return None
 
 
+def llama3_paper_layout(num_layers: int, pp: int) -> tuple[int, list[int]] | None:
+    """(V, decoder layers per pipeline chunk) of Llama 3 405B's pipeline, from its paper
+    (arXiv:2407.21783 v3, Sec. 3.3.2, p. 11): "To balance the pipeline, one Transformer layer
+    is reduced each from the first and the last stages, respectively. This means that the
+    first model chunk on the first stage has only the embedding, and the last model chunk on
+    the last stage has only output projection and loss calculation", with "an interleaved
+    schedule ... with V pipeline stages on one pipeline rank". A first chunk holding nothing
+    but the embedding means chunks of one layer with the embedding and the loss counted as one
+    each: V = (layers + 2) / pp (126 + 2 = 16 x 8), Megatron-Core's accounted split. None
+    where the layers do not split so."""
+    if pp < 2 or (num_layers + 2) % pp:
+        return None
+    vpp = (num_layers + 2) // pp
+    split = accounted_split(num_layers, pp, vpp)
+    return (vpp, split) if split is not None else None
+
+
 OMNI_PATH_100G = {
     "name": "omnipath-100g", "kind": "infiniband", "bandwidth_Gbps": 100, "latency_us": 20,
     "efficiency": 0.9,
