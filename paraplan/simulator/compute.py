@@ -71,7 +71,9 @@ class Device:
     gemm_table: GemmTable | None = None
     """Measured GEMM throughput by shape; replaces roofline + wave quantization."""
     table_scale: float = 1.0
-    """Relative efficiency of the GEMM dtype vs the table's 16-bit measurements (fp8)."""
+    """Factor on the table's efficiency: this part's GEMM efficiency for the precision over the
+    table's reference part's (``GemmTable.reference_matmul_efficiency``; without one, the fp8
+    over the 16-bit efficiency where a 16-bit table prices fp8), times the clock fraction."""
     fp8_cast_bytes: float = 0.0
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
     fp8_weights_cached: bool = False
@@ -118,7 +120,10 @@ class Device:
         table, scale = gpu.gemm_table, eff / gpu.matmul_efficiency * clock
         if fp8 and gpu.gemm_table_fp8 is not None:
             table, scale = gpu.gemm_table_fp8, clock
-        if table is not None and table.reference_matmul_efficiency:
+        own_fp8 = not fp8 or gpu.gemm_table_fp8 is None or gpu.matmul_efficiency_fp8
+        if table is not None and table.reference_matmul_efficiency and own_fp8:
+            # (An fp8 table on a part with no fp8 efficiency of its own keeps the rated-peak
+            # scaling: its 16-bit efficiency says nothing about the fp8 reference's level.)
             # The table's shape profile at this part's own measured best-GEMM level: a GB200
             # reaches 1822 TFLOP/s where the reference B200 reaches 1745 (stas00 MAMF), 1.044x,
             # not the 1.111x of their rated peaks (2500 / 2250).

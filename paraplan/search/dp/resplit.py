@@ -1,9 +1,12 @@
 """Re-split the fastest pipelined plans of an evaluated space with the exact layer-partition
-DP (:func:`optimal_layer_split`): the dp searcher does it for 48 finalists, the exhaustive
-searcher for 4 and the fastest plan of each of 4 more parallel shapes when the model's
-layers differ in cost."""
+DP (:func:`optimal_layer_split`): the exhaustive searcher does it for 4 finalists and the
+fastest plan of each of 4 more parallel shapes when the model's layers differ in cost; the dp
+searcher for 48 and 16 more shapes, and for every row the exhaustive searcher would take
+(``fitting``)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -20,7 +23,8 @@ from paraplan.specs.training import TrainingSpec
 
 
 def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
-                      trainer: TrainerSpec | None, seen: set[str], *, shapes: int = 0
+                      trainer: TrainerSpec | None, seen: set[str], *, shapes: int = 0,
+                      extra_rows: np.ndarray | None = None
                       ) -> tuple[list[StepReport], int]:
     """The ``candidates`` fastest non-interleaved pipelined plans of an evaluated space whose
     even split needs at most 25% more memory than the GPU has, plus the fastest plan of each
@@ -32,9 +36,12 @@ def resplit_finalists(space: PlanSpace, ev: Evaluation, candidates: int,
     The shapes: the even split ranks a shape by how badly it fits the costly layers, not by
     what its re-split reaches (a 16-stage pipeline whose last stage also holds the MTP
     module and the LM head runs far behind its re-split), so the fastest rows alone can all
-    be variants (ZeRO stage, micro-batch, recompute) of the few shapes the even split suits."""
+    be variants (ZeRO stage, micro-batch, recompute) of the few shapes the even split suits.
+    ``extra_rows``: more rows to re-split (after these, without repeats)."""
     model, cluster, training = space.model, space.cluster, space.training
     rows = finalist_rows(space, ev, candidates, shapes)
+    if extra_rows is not None and len(extra_rows):
+        rows = np.concatenate([rows, extra_rows[~np.isin(extra_rows, rows)]])
     if trainer is not None and not trainer.can.uneven_layers:
         rows = rows[:0]
     out: list[StepReport] = []
@@ -65,8 +72,10 @@ def finalist_rows(space: PlanSpace, ev: Evaluation, candidates: int, shapes: int
     Monotone in both counts: a shape with any row among the fastest ``candidates`` has its
     fastest row there too (rows are taken in time order), and the fastest shapes outside a
     larger set of rows are at most as many places down as outside a smaller one. So more
-    candidates with at least as many shapes pick a superset of the rows (the dp searcher's
-    re-split covers the exhaustive searcher's; tested)."""
+    candidates with at least as many shapes pick a superset of the rows of the same
+    evaluation. (The dp searcher's evaluation also times plans whose even split does not fit,
+    which the exhaustive searcher's leaves out, so it adds the exhaustive searcher's rows
+    explicitly: ``fitting``.)"""
     c = space.cols
     pipelined = (c["pp"] > 1) & (c["v"] == 1) & (ev.peak_gib <= 1.25 * ev.capacity_gib)
     rows = np.nonzero(pipelined & np.isfinite(ev.step_time_s))[0]
@@ -80,6 +89,12 @@ def finalist_rows(space: PlanSpace, ev: Evaluation, candidates: int, shapes: int
         new = first[~np.isin(code[first], code[:len(picked)])][:shapes]
         picked = np.concatenate([picked, rows[new]])
     return picked
+
+
+def fitting(ev: Evaluation) -> Evaluation:
+    """``ev`` with no step time where the plan does not fit in memory: what the exhaustive
+    searcher's evaluation (``times_for_oom=False``) holds, from one that timed every plan."""
+    return replace(ev, step_time_s=np.where(ev.feasible, ev.step_time_s, np.nan))
 
 
 def best_split(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

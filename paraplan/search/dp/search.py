@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from paraplan.search.dp.resplit import resplit_finalists
+from paraplan.search.dp.resplit import finalist_rows, fitting, resplit_finalists
 from paraplan.search.exhaustive import Progress, SearchResult
 from paraplan.search.space import PlanSpace, SpaceOptions
 from paraplan.search.space.keys import plan_key
@@ -20,11 +20,10 @@ from paraplan.specs.training import TrainingSpec
 
 SHAPES = 16
 """Besides its ``candidates`` fastest pipelined plans, the dp searcher re-splits the fastest
-plan of this many more parallel shapes (``resplit.finalist_rows``). At least the exhaustive
-searcher's ``RESPLIT_SHAPES``, so its re-split rows cover the exhaustive searcher's and its
-best is never slower: without the shapes, DeepSeek-V3 on 2,048 H800 came out 37.03 s against
-the exhaustive 33.28 s (a 16-stage re-split whose even split ranked below 48 variants of
-other shapes)."""
+plan of this many more parallel shapes (``resplit.finalist_rows``): without them,
+DeepSeek-V3 on 2,048 H800 came out 37.03 s against the exhaustive 33.28 s (a 16-stage
+re-split whose even split ranked below 48 variants of other shapes). The exhaustive
+searcher's own re-split rows are added as well, so its best is never slower."""
 
 
 def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
@@ -38,15 +37,21 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     do not fit); the ``candidates`` fastest non-interleaved pipelined plans whose even split
     needs at most 25% more memory than the GPU has, and the fastest plan of each of ``SHAPES``
     more parallel shapes, are re-split by :func:`optimal_layer_split` (a rebalanced split can
-    fit where the even one does not) and simulated: a superset of the exhaustive searcher's
-    re-split rows. The result holds the best ``top`` of those and of the exhaustive top, by
+    fit where the even one does not) and simulated, together with the rows the exhaustive
+    searcher re-splits. The result holds the best ``top`` of those and of the exhaustive top, by
     ``simulate()`` step time, so it is never slower than the exhaustive searcher's best.
     With a ``trainer``, only plans it can express (no re-split where it splits layers evenly).
     ``space``: the plans already built for these arguments (``build_space`` / ``derive_space``).
     """
     import time
 
-    from paraplan.search.exhaustive import oom_reasons, rank_key, top_k
+    from paraplan.search.exhaustive import (
+        RESPLIT_SHAPES,
+        RESPLITS,
+        oom_reasons,
+        rank_key,
+        top_k,
+    )
     from paraplan.search.space import build_space, evaluate_space
     from paraplan.simulator.step import simulate
 
@@ -63,8 +68,13 @@ def dp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         return simulate(model, cluster, training, space.plan(i), trainer=trainer)
 
     reports = top_k(ev.step_time_s, ev.lower_s, feasible, top, sim) if feasible.any() else []
+    # And every row the exhaustive searcher re-splits: this evaluation also times plans whose
+    # even split does not fit, which the exhaustive one leaves out, so its finalists are not
+    # necessarily among these (DeepSeek-V3 on 256 H800: 43.85 s against 40.99 s without).
+    theirs = finalist_rows(space, fitting(ev), RESPLITS, RESPLIT_SHAPES)
     more, resplit = resplit_finalists(space, ev, candidates, trainer,
-                                      {plan_key(r) for r in reports}, shapes=SHAPES)
+                                      {plan_key(r) for r in reports}, shapes=SHAPES,
+                                      extra_rows=theirs)
     reports += more
     if not reports:
         raise SpecError("no plan fits in memory, even with the layer split rebalanced",
