@@ -497,3 +497,23 @@ def test_llama3_paper_rows_run_the_papers_pipeline_and_palm_flops():
     assert 12.4 < want < 12.7
     assert cases[2].plan.cp == 16 and cases[2].training.cp_kv_exchange == "allgather"
     assert cases[0].training.cp_kv_exchange == "ring"
+
+
+def test_stas00_h200_b200_rows_use_the_benchmarks_own_flop_count():
+    """stas00's H200/B200 benchmark (bench_decompose.py flops_split) counts 6 x the linear
+    weights (7.504e9 for Llama-3.1-8B with its LM head) per token plus causal attention:
+    4.216e14 FLOPs per GPU step at 8K, so 461 and 778 TFLOP/s are 0.915 s and 0.542 s. Its
+    HF modules run eager (no Liger, no compile)."""
+    from paraplan.validate.conventions import stas00_flops_per_iteration
+
+    linear = 32 * (3 * 4096 * 14336 + 4096 * (2 * 4096 + 2 * 1024)) + 128256 * 4096
+    assert linear == 7_504_658_432
+    flops = stas00_flops_per_iteration(1, 8192, 32, 4096, 14336, 1024, 128256)
+    assert flops == pytest.approx(6 * linear * 8192 + 6 * 8192**2 * 4096 * 32, rel=1e-12)
+    cases = [c for c in load_published_throughput() if c.source_id == "stas00_h200_b200"]
+    assert [c.cluster.name for c in cases] == ["hgx-h200", "dgx-b200"]
+    h200, b200 = cases
+    assert h200.measured_step_time_s == pytest.approx(8 * flops / (461e12 * 8), rel=1e-9)
+    assert b200.measured_step_time_s == pytest.approx(0.5420, rel=1e-3)
+    assert all(c.training.kernels == "eager" and c.plan.zero_stage == 2 and c.plan.dp == 8
+               for c in cases)

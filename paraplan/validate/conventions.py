@@ -82,6 +82,20 @@ def palm_flops_per_token(num_params: float, layers: int, hidden: int, seq_len: i
     return 6.0 * num_params + 12.0 * layers * hidden * seq_len
 
 
+def stas00_flops_per_iteration(batch: int, seq_len: int, layers: int, hidden: int,
+                               ffn_hidden: int, kv_width: int, vocab: int) -> float:
+    """Model FLOPs of one step as stas00's H200/B200 benchmark counts them (causal attention,
+    no recompute): ``6 N_dense tokens + 6 b s^2 (heads x head_dim) L``, with N_dense the
+    linear layers' weights (3 h ffn for the gated MLP, h (2 h + 2 kv) for Q, K, V and the
+    output projection, per layer) plus the LM head's V h.
+
+    stas00/ml-engineering ``insights/when-to-upgrade-gpus/bench_decompose.py`` @744d01e1,
+    ``flops_split`` (its TFLOP/s and MFU divide these by the measured wall-clock step)."""
+    dense = layers * (3 * hidden * ffn_hidden + hidden * (2 * hidden + 2 * kv_width)) \
+        + vocab * hidden
+    return 6.0 * dense * batch * seq_len + 6.0 * batch * seq_len ** 2 * hidden * layers
+
+
 # ---- per-source facts -------------------------------------------------------------------------
 
 
@@ -96,7 +110,7 @@ class SourceConvention:
     """The run used fused/Flash attention (no s^2 score tensor stored)."""
     tflops_formula: str | None
     """FLOP formula behind a published TFLOP/s figure: 'narayanan', 'dtfm', 'torchtitan',
-    'palm'."""
+    'palm', 'stas00'."""
     mfu_formula: str | None
     """FLOP formula behind a published MFU: 'korthikanti', 'torchtitan', 'mpt', 'palm'."""
     mfu_peak_tflops: float | None
@@ -180,6 +194,10 @@ SOURCES: dict[str, SourceConvention] = {
         "Llama 3 paper Table 4: TFLOP/s per GPU and BF16 MFU after PaLM (the paper cites "
         "Chowdhery et al. for MFU); MFU over H100's rated 989 TFLOP/s, which gives its 43% "
         "and 38% (its 41% fits no single peak: 400/989 = 40.4%); the rows use TFLOP/s"),
+    "stas00_h200_b200": SourceConvention(
+        "generic", True, "stas00", None, None,
+        "stas00's H200 vs B200 benchmark: HF transformers Llama-3.1-8B under DeepSpeed ZeRO-2 "
+        "(overlap_comm), eager PyTorch modules, FlashAttention-3 / -4, one node"),
     "opt175b_meta": SourceConvention(
         "generic", False, None, None, None,
         "OPT-175B 'up to 147 TFLOP/s' with an unpublished formula and batch"),
@@ -199,6 +217,9 @@ class RunShape:
     hidden: int
     vocab: int
     num_params: float | None = None
+    ffn_hidden: int | None = None
+    kv_width: int | None = None
+    """K (or V) projection width, kv heads x head dim (``stas00``'s formula)."""
 
 
 def iteration_flops(source_id: str, metric: str, shape: RunShape) -> tuple[float | None, str]:
@@ -222,6 +243,11 @@ def iteration_flops(source_id: str, metric: str, shape: RunShape) -> tuple[float
                                                       shape.vocab), formula)
     if formula == "dtfm":
         return dtfm_flops_per_iteration(b, s, shape.layers, shape.hidden), formula
+    if formula == "stas00":
+        if shape.ffn_hidden is None or shape.kv_width is None:
+            return None, "stas00 formula needs the MLP and K/V widths"
+        return (stas00_flops_per_iteration(b, s, shape.layers, shape.hidden, shape.ffn_hidden,
+                                           shape.kv_width, shape.vocab), formula)
     if shape.num_params is None:
         return None, f"{formula} formula needs the parameter count"
     per_token = {"torchtitan": torchtitan_flops_per_token, "palm": palm_flops_per_token}.get(

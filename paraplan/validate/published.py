@@ -44,7 +44,8 @@ MOE_THROUGHPUT_CSV = DATA_DIR / "moe_throughput.csv"
 ``megatron_bridge_moe_2608``, moe_sources.md)."""
 DENSE_THROUGHPUT_CSV = DATA_DIR / "dense_throughput.csv"
 """Published dense runs paraplan adds: NVIDIA's Llama 3 recipes on DGX-GB200 and DGX-H100
-(``megatron_bridge_dense``, dense_sources.md)."""
+(``megatron_bridge_dense``, and stas00's same-stack H200 / B200 pair ``stas00_h200_b200``;
+dense_sources.md)."""
 DEFAULT_MEMORY_CSV = DATA_DIR / "published_memory.csv"
 MOE_MEMORY_CSV = DATA_DIR / "moe_memory.csv"
 """Measured MoE memory paraplan adds to the shared set (moe_sources.md)."""
@@ -137,7 +138,8 @@ def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
     step = None
     if s.model is not None and s.num_gpus is not None:
         shape = RunShape(s.gbs, s.seq_len, s.num_gpus, s.model.num_layers, s.model.hidden_size,
-                         s.model.vocab_size, float(s.model.num_params))
+                         s.model.vocab_size, float(s.model.num_params),
+                         s.model.ffn_hidden_size, s.model.attention.k_width)
         if math.isfinite(measured):
             step, why = step_time_from_metric(s.source, metric, measured, shape)
             if step is None and s.skip is None:
@@ -157,7 +159,7 @@ def _throughput_case(index: int, row: dict[str, Any]) -> PublishedCase:
 def load_published_throughput(path: str | Path | None = None) -> list[PublishedCase]:
     """One case per row of ``published_throughput.csv`` (bundled copy when ``path`` is None,
     followed by paraplan's own additions: ``moe_throughput.csv`` (MoE runs, moe_sources.md)
-    and ``dense_throughput.csv`` (dense Blackwell and H100 recipes, dense_sources.md))."""
+    and ``dense_throughput.csv`` (dense Blackwell and Hopper runs, dense_sources.md))."""
     rows = _read_rows(path, DEFAULT_THROUGHPUT_CSV)
     if path is None:
         rows += _read_rows(MOE_THROUGHPUT_CSV, MOE_THROUGHPUT_CSV)

@@ -71,7 +71,8 @@ def model_family(name: str, source: str) -> str:
 
 
 PRESET_MODEL_SOURCES = frozenset({"megatron_bridge_moe", "megatron_bridge_ep_overlap",
-                                  "megatron_bridge_dense", "megatron_bridge_moe_2608"})
+                                  "megatron_bridge_dense", "megatron_bridge_moe_2608",
+                                  "stas00_h200_b200"})
 """Sources whose rows name a model preset in ``model_name`` (sources.md)."""
 
 

@@ -409,6 +409,11 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                            "(llm-foundry 5e85bd62d sweep.py)")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
+        if source == "stas00_h200_b200":
+            # HF transformers' LlamaForCausalLM without Liger-Kernel or torch.compile
+            # (bench_decompose.py USE_LIGER=0): every norm, rotary, SwiGLU and the loss eager.
+            explicit["kernels"] = "eager"
+            s.notes.append("eager PyTorch modules (HF transformers, no Liger, no compile)")
         if source == "llama3_paper" and "cp is all-gather based" in notes:
             # Llama 3 (arXiv:2407.21783 p. 11): "the key (K) and value (V) tensors are first
             # all-gathered, and then attention output is computed for the local query".
