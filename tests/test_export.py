@@ -398,3 +398,22 @@ def test_nanotron_refuses_context_parallelism_its_llama_model_cannot_run():
     assert load_trainer("nanotron").can.context_parallel is False
     res = search(model, cluster, training, trainer="nanotron", top=20)
     assert res.reports and all(r.plan["cp"] == 1 for r in res.reports)
+
+
+def test_identity_placement_is_rank_order_and_exports():
+    """The evolutionary searcher gives its rank-order plans the identity placement (so that
+    simulate prices every stage boundary on its GPUs); that is the order every exporter
+    writes, so it exports, and the plan is not labelled "placed". A real permutation is
+    refused."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    t = TrainingSpec(global_batch_size=64, seq_len=4096)
+    plan = parse_plan("tp=2,pp=2,dp=4,mbs=1")
+    same = plan.model_copy(update={"placement": list(range(16))})
+    moved = plan.model_copy(update={"placement": [1, 0] + list(range(2, 16))})
+    assert same.rank_order and plan.rank_order and not moved.rank_order
+    assert "placed" not in same.short() and "placed" in moved.short()
+    for fmt in ("megatron", "torchtitan"):
+        text = export_text(fmt, export_context(model, t, same, cluster=cluster))
+        assert text == export_text(fmt, export_context(model, t, plan, cluster=cluster))
+        with pytest.raises(ExportError, match="placement"):
+            export_text(fmt, export_context(model, t, moved, cluster=cluster))

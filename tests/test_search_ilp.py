@@ -384,3 +384,26 @@ def test_data_ilp_enumeration_matches_cbc():
         for g, ns in shares.items():
             assert len(ns) == count[g] and min(ns) >= 1 and max(ns) - min(ns) <= 1
             assert line[g][0] * max(ns) + line[g][1] <= level * (1 + 1e-9)
+
+
+def test_ilp_returns_only_what_the_trainer_runs_and_so_does_its_baseline():
+    """The pipeline ILP splits layers freely; for nanotron, which splits them evenly, the
+    even split stands in (it crashed the search's runnable-plan guard before), and the
+    baseline (the best even-split rank-order plan) is one the trainer can run, so it is
+    never faster than the best plan (with deepspeed it was: an rc=op, sp plan DeepSpeed
+    cannot express)."""
+    from paraplan.search import search
+    from paraplan.specs.loaders import load_trainer
+    from paraplan.specs.trainer import trainer_reasons
+
+    model, tr = load_model("llama3-70b"), TrainingSpec(global_batch_size=256, seq_len=8192)
+    for name in ("nanotron", "deepspeed"):
+        trainer = load_trainer(name)
+        res = search(model, load_cluster("dgx-h100", nodes=8), tr, top=3, searcher="ilp",
+                     trainer=trainer)
+        for rep in res.reports:
+            plan = ParallelPlan(**{k: v for k, v in rep.plan.items()
+                                   if k in ParallelPlan.model_fields})
+            m = 256 // (plan.resolved_dp(64) * plan.micro_batch_size)
+            assert not trainer_reasons(trainer, model, tr, plan, m), (name, rep.plan)
+        assert res.best.step_time_s <= res.baseline_step_time_s * (1 + 1e-12)

@@ -131,9 +131,10 @@ def refuse(field: str, value: Any, trainer: str, allowed: str) -> ExportError:
 
 
 def refuse_relaxed_sync(plan: ParallelPlan, trainer: str) -> None:
-    """Refuse what no pinned trainer config expresses: a custom GPU placement, local SGD /
-    DiLoCo, and gradient or activation compression."""
-    if plan.placement is not None:
+    """Refuse what no pinned trainer config expresses: a custom GPU placement (the identity
+    one is rank order, which every exporter writes), local SGD / DiLoCo, and gradient or
+    activation compression."""
+    if not plan.rank_order:
         raise refuse("placement", "custom", trainer, "trainers place ranks in their own order "
                      "(Megatron tp-cp-ep-dp-pp, torchtitan [pp, dp, tp]); launch ranks in that "
                      "order instead")

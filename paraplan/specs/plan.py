@@ -187,9 +187,16 @@ class ParallelPlan(StrictModel):
             parts.append(f"{self.grad_compression}:{arg}")
         if self.activation_compression_bits is not None:
             parts.append(f"aq{self.activation_compression_bits}bit")
-        if self.placement is not None:
+        if not self.rank_order:
             parts.append("placed")
         return " ".join(parts)
+
+    @property
+    def rank_order(self) -> bool:
+        """Ranks sit on GPUs in rank order: no placement, or the identity one (which the
+        evolutionary searcher gives its rank-order baselines so that ``simulate`` prices
+        every stage boundary on the GPUs it uses)."""
+        return self.placement is None or self.placement == list(range(len(self.placement)))
 
 
 # Short names users type in inline plans (`tp=8,pp=4,mbs=1,vpp=2,sp=1,zero=1,rc=full`).

@@ -307,8 +307,7 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if p.dp_algorithm not in can.dp_algorithms:
         out.append(f"{who} sends gradients through {_words(can.dp_algorithms)} "
                    f"(plan: dp_algorithm={p.dp_algorithm})")
-    if p.placement is not None and p.placement != list(range(len(p.placement))) \
-            and not can.placement:
+    if not p.rank_order and not can.placement:
         out.append(f"{who} places ranks in its own order (no custom placement)")
     return out
 

@@ -34,10 +34,11 @@ from paraplan.specs.trainer import TrainerSpec, trainer_reasons
 from paraplan.specs.training import TrainingSpec
 
 
-def _baseline(ctx: Ctx, fix: dict[str, Any]) -> tuple[float | None, ParallelPlan | None]:
+def _baseline(ctx: Ctx, fix: dict[str, Any], trainer: TrainerSpec | None = None
+              ) -> tuple[float | None, ParallelPlan | None]:
     """Best even-split plan on the original rank order (``simulate``; every stage paced by
-    its slowest GPU and capped by its smallest memory), pruned by its exact compute
-    bottleneck m * max_r t_r, seconds."""
+    its slowest GPU and capped by its smallest memory) that ``trainer`` can run, pruned by
+    its exact compute bottleneck m * max_r t_r, seconds."""
     model, training, cluster = ctx.model, ctx.training, ctx.cluster
     n, L, B = cluster.num_gpus, model.num_layers, training.global_batch_size
     groups = cluster.topology.group_of_gpu
@@ -76,6 +77,9 @@ def _baseline(ctx: Ctx, fix: dict[str, Any]) -> tuple[float | None, ParallelPlan
                                     micro_batch_size=mbs, recompute=rc, zero_stage=z,
                                     layers_per_stage=None if L % pp == 0 else layers,
                                     **dict(extra), **ctx.constants)
+                                if trainer is not None and trainer_reasons(
+                                        trainer, model, training, plan, m):
+                                    continue
                                 bound = m * max(
                                     max(stage_time(layer_costs(ctx, plan, first, g),
                                                    layers[r], r == pp - 1)
@@ -95,6 +99,22 @@ def _baseline(ctx: Ctx, fix: dict[str, Any]) -> tuple[float | None, ParallelPlan
     return (best[0], best[1]) if best else (None, None)
 
 
+
+
+def _runnable(plan: ParallelPlan, trainer: TrainerSpec | None, ctx: Ctx
+              ) -> ParallelPlan | None:
+    """``plan`` as ``trainer`` can run it: the pipeline ILP splits layers freely, so for a
+    trainer that splits them evenly the even split stands in (simulate then says whether it
+    still fits); None where the trainer cannot run it either way."""
+    if trainer is None:
+        return plan
+    m = ctx.training.global_batch_size // (plan.dp * plan.micro_batch_size) if plan.dp else None
+    if not trainer_reasons(trainer, ctx.model, ctx.training, plan, m):
+        return plan
+    if plan.layers_per_stage is None or ctx.model.num_layers % plan.pp:
+        return None
+    even = plan.model_copy(update={"layers_per_stage": None})
+    return None if trainer_reasons(trainer, ctx.model, ctx.training, even, m) else even
 
 
 def _describe(cluster: ClusterSpec) -> str:
@@ -230,6 +250,9 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
                         if plan.schedule != "1f1b" and (plan.pp == 1 or "schedule" in fixed or (
                                 trainer is not None and "zb-h1" not in trainer.can.schedules)):
                             continue
+                        plan = _runnable(plan, trainer, ctx)
+                        if plan is None:
+                            continue
                         rep = simulate(model, sol.cluster, training, plan)
                         if rep.feasible and (best_rep is None
                                              or rep.step_time_s < best_rep.step_time_s):
@@ -262,7 +285,7 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
             "batch", field="cluster", value=cluster.name)
     cands.sort(key=lambda c: c.step_time_s)
     cands = cands[:top]
-    base_step, base_plan = _baseline(ctx, fixed)
+    base_step, base_plan = _baseline(ctx, fixed, trainer)
     best = cands[0]
     return IlpResult(
         reports=[c.report for c in cands], plans=[c.plan for c in cands],
