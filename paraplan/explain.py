@@ -29,8 +29,14 @@ WORTH = 0.05  # parts below this share of the step are not discussed
 
 
 def neighbours(plan: ParallelPlan, num_gpus: int) -> Iterator[tuple[str, ParallelPlan]]:
-    """Plans one knob away from ``plan``, each with a short description of the change."""
+    """Plans one knob away from ``plan``, each with a short description of the change.
+
+    A variant sets only what the user set plus what the change moves, so the trainer's run
+    facts (TP overlap, which depends on tp and sequence parallelism; overlapped pipeline sends
+    and gradient reduction) still come from the trainer when it is simulated, as they do for
+    ``plan`` itself (``specs.trainer.apply_trainer`` keeps fields the user set)."""
     p = plan.model_dump()
+    given = plan.model_fields_set
     dp = plan.resolved_dp(num_gpus)
 
     def variant(change: str, **update: Any) -> tuple[str, ParallelPlan] | None:
@@ -42,11 +48,12 @@ def neighbours(plan: ParallelPlan, num_gpus: int) -> Iterator[tuple[str, Paralle
             data["schedule"] = "1f1b"
         if data["virtual_stages"] > 1 and data["schedule"] != "interleaved":
             data["schedule"] = "interleaved"
+        data = {k: v for k, v in data.items() if k in given or k in update or v != p[k]}
         try:
             new = ParallelPlan(**data)
         except ValidationError:
             return None
-        return (change, new) if new != plan else None
+        return (change, new) if new.model_dump() != p else None
 
     mbs = plan.micro_batch_size
     candidates = [
@@ -180,7 +187,8 @@ def explain(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         if report["feasible"] and rep.step_time_s >= report["step_time_s"] * 0.999:
             continue
         better.append({"change": change, "plan": alt.short(),
-                       "plan_fields": alt.model_dump(mode="json", exclude_none=True),
+                       "plan_fields": alt.model_dump(mode="json", exclude_none=True,
+                                                     exclude_unset=True),
                        "step_time_s": rep.step_time_s,
                        "speedup": (report["step_time_s"] / rep.step_time_s
                                    if report["feasible"] else None),
@@ -217,7 +225,8 @@ def _run_changes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             continue
         out.append({"change": f"MoE run {run_label(base)} -> {run_label(run)}",
                     "plan": plan.short(),
-                    "plan_fields": plan.model_dump(mode="json", exclude_none=True),
+                    "plan_fields": plan.model_dump(mode="json", exclude_none=True,
+                                                   exclude_unset=True),
                     "training_fields": run_fields(run),
                     "step_time_s": rep.step_time_s,
                     "speedup": (report["step_time_s"] / rep.step_time_s
