@@ -222,3 +222,41 @@ def test_deepspeed_bf16_accumulation_round_trips(tmp_path: Path) -> None:
     with pytest.raises(ImportError_, match="rotate_method"):
         read_torchtitan({"training": {}, "parallelism": {
             "context_parallel_degree": 2, "context_parallel_rotate_method": ["allgather"]}})
+
+
+def test_megatron_script_with_a_layout_is_valid_bash_and_its_mtp_reads_back(tmp_path: Path):
+    """An uneven split is written as --pipeline-model-parallel-layout 'Et..|..|..mL', quoted
+    (an unquoted '|' ends the bash array: `bash -n` failed), the MoE layer pattern quoted
+    (an unquoted [0,1,..] is a glob); the m (MTP) segment on the last chunk reads back."""
+    import shutil
+    import subprocess
+
+    model, cluster = load_model("deepseek-v3"), load_cluster("dgx-h800", nodes=32)
+    trainer = load_trainer("megatron-core")
+    training, plan = apply_trainer(trainer, TrainingSpec(global_batch_size=2048, seq_len=4096),
+                                   parse_plan("tp=4,pp=8,cp=2,ep=32,etp=1,sp=1,zero=1,mbs=1,"
+                                              "layers=9/7/8/8/8/8/8/5"))
+    path = tmp_path / "run.sh"
+    path.write_text(export_text("megatron", export_context(model, training, plan,
+                                                           cluster=cluster)))
+    text = path.read_text()
+    assert "--pipeline-model-parallel-layout 'E" in text and "mL'" in text
+    assert "--moe-layer-freq '[0,0,0,1," in text
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    back = read_trainer_config(path, text).plan
+    assert back.layers_per_stage == [9, 7, 8, 8, 8, 8, 8, 5]
+    before = simulate(model, cluster, training, plan, trainer=trainer)
+    assert simulate(model, cluster, training, back, trainer=trainer).step_time_s == \
+        before.step_time_s
+
+
+def test_a_plan_without_dp_prices_like_the_same_plan_with_it():
+    """dp is derived from the GPUs when left out (imported Megatron and DeepSpeed configs
+    leave it out); gradient buckets were sized by the data-parallel group, which also holds
+    the context-parallel ranks, so cp > 1 priced differently (3.3916 s against 3.4185 s)."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=8)
+    training = TrainingSpec(global_batch_size=256, seq_len=8192)
+    a = simulate(model, cluster, training, parse_plan("tp=1,cp=2,zero=1,mbs=1"))
+    b = simulate(model, cluster, training, parse_plan("tp=1,cp=2,zero=1,mbs=1,dp=32"))
+    assert a.step_time_s == b.step_time_s and a.time_s == b.time_s

@@ -16,6 +16,8 @@ run on top of them (GPipe, zero-bubble schedules, relaxed synchronization).
 
 from __future__ import annotations
 
+import shlex
+
 from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
 from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING, a2a_overlap_needs
 
@@ -95,7 +97,8 @@ def _pipeline_split(ctx: ExportContext) -> list[str]:
     segments = ["t" * n for n in chunks]
     segments[0] = "E" + segments[0]
     segments[-1] = segments[-1] + "m" * ctx.model.num_mtp_layers + "L"
-    return [f"--pipeline-model-parallel-layout {'|'.join(segments)}"]
+    # Quoted: '|' would end the bash array the script writes its flags into.
+    return [f"--pipeline-model-parallel-layout {shlex.quote('|'.join(segments))}"]
 
 
 def _architecture(ctx: ExportContext) -> list[str]:
@@ -133,7 +136,8 @@ def _architecture(ctx: ExportContext) -> list[str]:
                        f"{m.num_shared_experts * m.expert_ffn}")
         if m.num_dense_layers:
             pattern = [int(m.is_moe_layer(i)) for i in range(m.num_layers)]
-            out.append("--moe-layer-freq " + str(pattern).replace(" ", ""))
+            # Quoted: an unquoted [0,1,...] is a bash glob (a file named 1 would replace it).
+            out.append("--moe-layer-freq " + shlex.quote(str(pattern).replace(" ", "")))
         if m.num_mtp_layers:
             out.append(f"--mtp-num-layers {m.num_mtp_layers}")
         if m.moe_router_groups:  # group-limited routing (core_v0.15.3 arguments.py L3098)

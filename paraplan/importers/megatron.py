@@ -61,14 +61,20 @@ def _one(flags: dict[str, list[str]], name: str, default: Any = None) -> Any:
 
 
 def _layout(text: str) -> list[int]:
-    """Transformer layers per chunk of a --pipeline-model-parallel-layout ('Et|tt|ttL')."""
+    """Transformer layers per chunk of a --pipeline-model-parallel-layout ('Et|tt|ttmL'): the
+    multi-token-prediction layers (m) sit with the loss on the last chunk, where paraplan
+    prices them (they are not decoder layers of the split)."""
     out = []
-    for segment in text.split("|"):
+    segments = text.split("|")
+    for i, segment in enumerate(segments):
         body = segment.replace("E", "").replace("L", "")
+        if i == len(segments) - 1:
+            body = body.replace("m", "")
         if set(body) - {"t"}:
             raise ImportError_(f"--pipeline-model-parallel-layout segment {segment!r} is not "
-                               "E/t/L only (MTP and repeat syntax are not read)",
-                               field="--pipeline-model-parallel-layout", value=text)
+                               "E/t/L only, with m (MTP) on the last one (repeat syntax is "
+                               "not read)", field="--pipeline-model-parallel-layout",
+                               value=text)
         out.append(len(body))
     return out
 

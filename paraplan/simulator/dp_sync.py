@@ -40,15 +40,17 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     and the all-gather for ZeRO-1/2 (ZeRO-2 repeats the first every micro-batch: step.py);
     ZeRO-1 all-reduces the gradients in full where ``training.zero1_grad_all_reduce``.
     ``gather_bytes``: bytes per gathered parameter (default: ``training.param_gather_bytes``
-    over the plan's, else the group's, data-parallel degree).
+    over the plan's data-parallel degree, derived from the cluster's GPUs when the plan leaves
+    it out: the group also holds the context-parallel ranks, which must not count, so a plan
+    with ``dp`` given and the same plan without it price alike).
     """
     if count <= 0 or len(group) <= 1:
         return 0.0, 0.0
     if gather_bytes is None:
-        gather_bytes = training.param_gather_bytes(plan.dp or len(group))
+        gather_bytes = training.param_gather_bytes(plan.resolved_dp(topo.num_gpus))
     # Megatron-Core sizes buckets by the data-parallel size (without CP; expert buffers
     # alike) and reduces in one bucket when the reduction is not overlapped.
-    buckets = max(1.0, count / float(dp_bucket_elements(plan.dp or len(group),
+    buckets = max(1.0, count / float(dp_bucket_elements(plan.resolved_dp(topo.num_gpus),
                                                              training.ddp_bucket_size))) \
         if plan.overlap_grad_reduce else 1.0
     grad_bytes = effective_grad_bytes(model, training, plan)
