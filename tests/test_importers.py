@@ -260,3 +260,23 @@ def test_a_plan_without_dp_prices_like_the_same_plan_with_it():
     a = simulate(model, cluster, training, parse_plan("tp=1,cp=2,zero=1,mbs=1"))
     b = simulate(model, cluster, training, parse_plan("tp=1,cp=2,zero=1,mbs=1,dp=32"))
     assert a.step_time_s == b.step_time_s and a.time_s == b.time_s
+
+
+def test_moe_run_flags_that_contradict_the_config_are_an_error(tmp_path: Path):
+    """A Megatron config states its dispatcher and all-to-all overlap; a --moe-dispatcher
+    that says otherwise used to be dropped silently (the file won). Now it is a one-line
+    error naming the flag (exit 2); the same value is accepted."""
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    trainer = load_trainer("megatron-core")
+    training, plan = apply_trainer(trainer, TrainingSpec(
+        global_batch_size=256, seq_len=4096, moe_dispatcher="hierarchical",
+        moe_a2a_overlap=True), parse_plan("tp=2,pp=2,vpp=2,ep=8,zero=1,sp=1,mbs=1"))
+    path = tmp_path / "run.sh"
+    path.write_text(export_text("megatron", export_context(model, training, plan,
+                                                           cluster=cluster)))
+    base = ("simulate", "-m", "mixtral-8x7b", "-c", "dgx-h100", "-n", "4", "-b", "256",
+            "-s", "4096", "--plan", str(path))
+    bad = run(*base, "--moe-dispatcher", "alltoall")
+    assert bad.returncode == 2 and "--moe-dispatcher" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    assert run(*base, "--moe-dispatcher", "hierarchical").returncode == 0

@@ -81,6 +81,15 @@ def apply_imported(imported: Any, model: Any, training: Any) -> Any:
                             f"{flag} is {getattr(training, key)!r}; give {flag} "
                             f"{imported.training[key]}", field=flag,
                             value=getattr(training, key))
+    # MoE run settings the file states and the command line also gives: the file would win
+    # silently, so a difference is an error too.
+    for key, flag in (("moe_dispatcher", "--moe-dispatcher"),
+                      ("moe_a2a_overlap", "--moe-a2a-overlap")):
+        if key in imported.training and key in training.model_fields_set \
+                and imported.training[key] != getattr(training, key):
+            raise SpecError(f"{imported.path} sets {key}={imported.training[key]!r} but "
+                            f"{flag} gives {getattr(training, key)!r}; drop {flag} or edit "
+                            "the file", field=flag, value=getattr(training, key))
     for key, value in imported.model.items():
         if getattr(model, key) != value:
             raise SpecError(f"{imported.path} is for a model with {key}={value}, not "
