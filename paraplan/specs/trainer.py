@@ -288,7 +288,7 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if p.recompute not in can.recompute:
         out.append(f"{who} cannot recompute={p.recompute}; it has {_words(can.recompute)}")
     if training.precision not in can.precisions:
-        out.append(f"{who} cannot train in {training.precision}; it has "
+        out.append(f"{who} cannot train in --precision {training.precision}; it has "
                    f"{_words(can.precisions)}")
     if num_microbatches is not None and p.pp > 1:
         stages = p.pp * p.virtual_stages

@@ -44,7 +44,8 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
                         "paraplan does not write", field="--precision", value="fp8",
                         allowed=[p for p in can.precisions if p != "fp8"])
     if training.precision not in can.precisions:
-        raise SpecError(f"{who} cannot train in {training.precision}", field="--precision",
+        raise SpecError(f"{who} cannot train in --precision {training.precision}; it has "
+                        f"{', '.join(can.precisions)}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
     if not can.relaxed_sync:
         pinned = relaxed_knobs(constants)
