@@ -280,3 +280,21 @@ def test_moe_run_flags_that_contradict_the_config_are_an_error(tmp_path: Path):
     assert bad.returncode == 2 and "--moe-dispatcher" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     assert run(*base, "--moe-dispatcher", "hierarchical").returncode == 0
+
+
+@pytest.mark.parametrize("fmt", ["torchtitan", "deepspeed", "nanotron"])
+def test_a_config_without_suffix_is_recognised_by_its_content(fmt: str, tmp_path: Path):
+    """`best --export torchtitan --out run` writes a file with no suffix; reading it back
+    picked the format by suffix and read the TOML as YAML ("not valid YAML at line 7")."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    trainer = load_trainer(TRAINER[fmt])
+    text = {"torchtitan": "zero=3,mbs=2", "deepspeed": "zero=3,mbs=2",
+            "nanotron": "tp=2,sp=1,pp=2,zero=1,mbs=1,rc=full"}[fmt]
+    training, plan = apply_trainer(trainer, TrainingSpec(global_batch_size=128, seq_len=4096),
+                                   parse_plan(text))
+    path = tmp_path / "run"
+    path.write_text(export_text(fmt, export_context(model, training, plan, cluster=cluster)))
+    imported = read_trainer_config(path, path.read_text())
+    assert imported is not None and imported.trainer == trainer.name
+    assert imported.plan.zero_stage == plan.zero_stage and imported.plan.tp == plan.tp
+    assert read_trainer_config(tmp_path / "notes", "just some words: here\n") is None

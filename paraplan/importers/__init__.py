@@ -34,6 +34,28 @@ def read_trainer_config(path: Path, text: str) -> ImportedConfig | None:
     if suffix in (".yaml", ".yml"):
         data = parse_yaml(text, "trainer config", where)
         return read_nanotron(data, where) if looks_like_nanotron(data) else None
+    if not suffix:  # no suffix (``best --export torchtitan --out run``): the content says
+        return _sniff(text, where)
+    return None
+
+
+def _sniff(text: str, where: str) -> ImportedConfig | None:
+    """A config written without a suffix, recognised by its content: the first of TOML
+    (torchtitan), JSON (DeepSpeed) and YAML (nanotron) that parses and looks like one."""
+    from paraplan.specs.errors import SpecError
+
+    readers = ((lambda: parse_toml(text, where), looks_like_torchtitan, read_torchtitan),
+               (lambda: parse_json(text, "trainer config", where), looks_like_deepspeed,
+                read_deepspeed),
+               (lambda: parse_yaml(text, "trainer config", where), looks_like_nanotron,
+                read_nanotron))
+    for parse, looks, read in readers:
+        try:
+            data = parse()
+        except SpecError:
+            continue
+        if isinstance(data, dict) and looks(data):
+            return read(data, where)
     return None
 
 
