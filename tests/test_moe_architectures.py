@@ -4,6 +4,7 @@ attention and sinks; their trainers, exports and hardware presets."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -117,7 +118,7 @@ def test_megatron_export_of_deepseek_and_maverick():
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
         assert flag in flex
     layout = next(line for line in text.splitlines() if "--pipeline-model-parallel-layout" in line)
-    value = layout.split()[-1]
+    value = shlex.split(layout)[-1]  # quoted: '|' would end the bash array
     assert value.endswith("mL") and value.count("t") == 61
     oss = export_text("megatron", export_context(
         load_model("gpt-oss-120b"), tr, parse_plan("tp=1,pp=1,ep=8,mbs=1,zero=1"),

@@ -4,6 +4,8 @@ NVIDIA's Llama 3.1 405B and Qwen3-235B recipes run."""
 
 from __future__ import annotations
 
+import shlex
+
 import numpy as np
 import pytest
 
@@ -92,7 +94,7 @@ def test_search_returns_nvidias_405b_gb200_layout_and_megatron_can_run_it():
     text = export_text("megatron", ctx, report=simulate(
         case.model, case.cluster, case.training, case.plan, time_if_oom=True).to_dict())
     layout = next(line for line in text.splitlines() if "pipeline-model-parallel-layout" in line)
-    segments = layout.split()[-1].rstrip("\\").split("|")
+    segments = shlex.split(layout.rstrip("\\"))[-1].split("|")  # quoted for bash
     assert segments[0] == "E" and segments[-1] == "L" and segments[1:-1] == ["t"] * 126
 
 
