@@ -16,6 +16,7 @@ from paraplan.importers.deepspeed import looks_like_deepspeed, read_deepspeed
 from paraplan.importers.megatron import looks_like_megatron, read_megatron
 from paraplan.importers.nanotron import looks_like_nanotron, read_nanotron
 from paraplan.importers.torchtitan import looks_like_torchtitan, parse_toml, read_torchtitan
+from paraplan.specs.errors import SpecError
 from paraplan.specs.safe_io import parse_json, parse_yaml
 
 
@@ -42,8 +43,6 @@ def read_trainer_config(path: Path, text: str) -> ImportedConfig | None:
 def _sniff(text: str, where: str) -> ImportedConfig | None:
     """A config written without a suffix, recognised by its content: the first of TOML
     (torchtitan), JSON (DeepSpeed) and YAML (nanotron) that parses and looks like one."""
-    from paraplan.specs.errors import SpecError
-
     readers = ((lambda: parse_toml(text, where), looks_like_torchtitan, read_torchtitan),
                (lambda: parse_json(text, "trainer config", where), looks_like_deepspeed,
                 read_deepspeed),

@@ -46,12 +46,12 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     """
     if count <= 0 or len(group) <= 1:
         return 0.0, 0.0
+    dp = plan.resolved_dp(topo.num_gpus)
     if gather_bytes is None:
-        gather_bytes = training.param_gather_bytes(plan.resolved_dp(topo.num_gpus))
+        gather_bytes = training.param_gather_bytes(dp)
     # Megatron-Core sizes buckets by the data-parallel size (without CP; expert buffers
     # alike) and reduces in one bucket when the reduction is not overlapped.
-    buckets = max(1.0, count / float(dp_bucket_elements(plan.resolved_dp(topo.num_gpus),
-                                                             training.ddp_bucket_size))) \
+    buckets = max(1.0, count / float(dp_bucket_elements(dp, training.ddp_bucket_size))) \
         if plan.overlap_grad_reduce else 1.0
     grad_bytes = effective_grad_bytes(model, training, plan)
 

@@ -52,34 +52,29 @@ def dtfm_flops_per_iteration(batch: int, seq_len: int, layers: int, hidden: int)
     return 4.0 * 24.0 * b * s * n_l * h * h * (1.0 + s / (6.0 * h))
 
 
-def torchtitan_flops_per_token(num_params: float, layers: int, hidden: int, seq_len: int) -> float:
-    """torchtitan ``get_num_flop_per_token``: ``6 N + 12 l h s`` (no recompute, GQA ignored).
-
-    pytorch/torchtitan ``torchtitan/utils.py`` (2024): ``6 * num_params + 12 * l * h * q * t`` with
-    ``h * q`` = model width. With N = all parameters it reproduces the published MFU of
-    ``docs/performance.md`` @6a6f755d2 (Llama 3 8B: 2904 WPS on A100 -> 56.8% of 312 TF).
-    """
-    return 6.0 * num_params + 12.0 * layers * hidden * seq_len
-
-
-def mpt_flops_per_token(num_params: float, layers: int, hidden: int, seq_len: int) -> float:
-    """llm-foundry benchmarking README: MFU = ``(6 N + 12 L d s) * tokens / (gpus * peak)``.
-
-    mosaicml/llm-foundry ``scripts/train/benchmarking/README.md`` (HFU adds the recomputed
-    forward, ``(8 N + 16 L d s)``, when activation checkpointing is on). The peak comes from
-    composer's ``GPU_AVAILABLE_FLOPS`` table, which was not re-read, so MPT MFU is not converted.
-    """
-    return 6.0 * num_params + 12.0 * layers * hidden * seq_len
-
-
 def palm_flops_per_token(num_params: float, layers: int, hidden: int, seq_len: int) -> float:
     """PaLM's model FLOPs per token, ``6 N + 12 L H Q T`` (Chowdhery et al. 2022/2023,
-    "PaLM: Scaling Language Modeling with Pathways", Appendix B; ``H Q`` = model width), the
-    MFU definition the Llama 3 paper cites for its Table 4 ("BF16 Model FLOPs Utilization
-    (MFU; Chowdhery et al. (2023)) of 38-43%", arXiv:2407.21783 v3 p. 10). N = all parameters
-    here; counting only non-embedding ones (as some PaLM readings do) changes Llama 3 405B's
-    figure by 1%."""
+    "PaLM: Scaling Language Modeling with Pathways", Appendix B; ``H Q`` = model width; no
+    recompute, GQA ignored), with N = all parameters. Three sources divide by it:
+
+    - torchtitan ``get_num_flop_per_token`` (pytorch/torchtitan ``torchtitan/utils.py``, 2024:
+      ``6 * num_params + 12 * l * h * q * t``); with all parameters it reproduces the published
+      MFU of ``docs/performance.md`` @6a6f755d2 (Llama 3 8B: 2904 WPS on A100 -> 56.8% of
+      312 TF).
+    - llm-foundry's benchmarking README, MFU = ``(6 N + 12 L d s) * tokens / (gpus * peak)``
+      (mosaicml/llm-foundry ``scripts/train/benchmarking/README.md``; HFU adds the recomputed
+      forward, ``(8 N + 16 L d s)``, when activation checkpointing is on). The peak comes
+      from composer's ``GPU_AVAILABLE_FLOPS`` table, which was not re-read, so MPT MFU is not
+      converted.
+    - the Llama 3 paper's Table 4 ("BF16 Model FLOPs Utilization (MFU; Chowdhery et al.
+      (2023)) of 38-43%", arXiv:2407.21783 v3 p. 10); counting only non-embedding parameters
+      (as some PaLM readings do) would change Llama 3 405B's figure by 1%.
+    """
     return 6.0 * num_params + 12.0 * layers * hidden * seq_len
+
+
+# The sources' names for it (``SourceConvention.tflops_formula`` / ``mfu_formula``).
+torchtitan_flops_per_token = mpt_flops_per_token = palm_flops_per_token
 
 
 def stas00_flops_per_iteration(batch: int, seq_len: int, layers: int, hidden: int,
@@ -87,7 +82,8 @@ def stas00_flops_per_iteration(batch: int, seq_len: int, layers: int, hidden: in
     """Model FLOPs of one step as stas00's H200/B200 benchmark counts them (causal attention,
     no recompute): ``6 N_dense tokens + 6 b s^2 (heads x head_dim) L``, with N_dense the
     linear layers' weights (3 h ffn for the gated MLP, h (2 h + 2 kv) for Q, K, V and the
-    output projection, per layer) plus the LM head's V h.
+    output projection, per layer) plus the LM head's V h. ``hidden`` stands for the query
+    width heads x head_dim, as it is in Llama-3.1-8B, the only model these rows train.
 
     stas00/ml-engineering ``insights/when-to-upgrade-gpus/bench_decompose.py`` @744d01e1,
     ``flops_split`` (its TFLOP/s and MFU divide these by the measured wall-clock step)."""
@@ -250,8 +246,8 @@ def iteration_flops(source_id: str, metric: str, shape: RunShape) -> tuple[float
                                            shape.kv_width, shape.vocab), formula)
     if shape.num_params is None:
         return None, f"{formula} formula needs the parameter count"
-    per_token = {"torchtitan": torchtitan_flops_per_token, "palm": palm_flops_per_token}.get(
-        formula, mpt_flops_per_token)(shape.num_params, shape.layers, shape.hidden, s)
+    # torchtitan, mpt and palm: the same PaLM count.
+    per_token = palm_flops_per_token(shape.num_params, shape.layers, shape.hidden, s)
     return per_token * b * s, formula
 
 
