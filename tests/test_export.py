@@ -417,3 +417,26 @@ def test_identity_placement_is_rank_order_and_exports():
         assert text == export_text(fmt, export_context(model, t, plan, cluster=cluster))
         with pytest.raises(ExportError, match="placement"):
             export_text(fmt, export_context(model, t, moved, cluster=cluster))
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPORTERS))
+def test_a_16_bit_optimizer_state_is_written_or_refused_by_name(fmt) -> None:
+    ctx, _ = context("plain")
+    moments = type(ctx)(ctx.model, ctx.training.model_copy(update={"moments_dtype": "bf16"}),
+                        ctx.plan.model_copy(update={"zero_stage": 1}), ctx.world_size)
+    master = type(ctx)(ctx.model, ctx.training.model_copy(
+        update={"master_weights_dtype": "bf16"}), ctx.plan, ctx.world_size)
+    with pytest.raises(ExportError) as info:
+        export_text(fmt, master)
+    assert info.value.field == "training.master_weights_dtype"
+    if fmt == "megatron":
+        flags = megatron_flags(export_text(fmt, moments))
+        assert flags["--exp-avg-dtype"] == ["bf16"] and flags["--exp-avg-sq-dtype"] == ["bf16"]
+        assert "--use-precision-aware-optimizer" in flags
+        no_dist = type(ctx)(ctx.model, moments.training, ctx.plan, ctx.world_size)
+        with pytest.raises(ExportError, match="zero_stage=1"):
+            export_text(fmt, no_dist)
+    else:
+        with pytest.raises(ExportError) as info:
+            export_text(fmt, moments)
+        assert info.value.field == "training.moments_dtype"

@@ -673,3 +673,16 @@ def test_current_fp8_scaling_rereads_the_input():
     rows = {c.index: c for c in load_published_throughput(None)}
     assert rows[323].training.fp8_scaling == "current"  # H100, "FP8 current scaling"
     assert rows[327].training.fp8_scaling == "block"  # B200, "MXFP8"
+
+
+@pytest.mark.parametrize(("optimizer", "master", "moments", "expected"), [
+    ("adam", "fp32", "fp32", 12),  # ZeRO paper sec 3.1: K = 12
+    ("adam", "fp32", "bf16", 8),   # DeepSeek-V3 sec 3.3.3: BF16 moments, fp32 master
+    ("adam", "bf16", "bf16", 6),   # apex DistributedFusedAdam dtype=bf16: copy + 2 moments
+    ("sgd_momentum", "fp32", "bf16", 6),
+    ("sgd", "bf16", "bf16", 2),
+])
+def test_optimizer_state_bytes_follow_its_dtypes(optimizer, master, moments, expected):
+    t = TrainingSpec(global_batch_size=8, seq_len=128, optimizer=optimizer,
+                     master_weights_dtype=master, moments_dtype=moments)
+    assert t.optimizer_state_bytes_per_param == expected

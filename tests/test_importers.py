@@ -298,3 +298,50 @@ def test_a_config_without_suffix_is_recognised_by_its_content(fmt: str, tmp_path
     assert imported is not None and imported.trainer == trainer.name
     assert imported.plan.zero_stage == plan.zero_stage and imported.plan.tp == plan.tp
     assert read_trainer_config(tmp_path / "notes", "just some words: here\n") is None
+
+
+def test_bf16_optimizer_state_and_gradient_reduction_round_trip(tmp_path: Path):
+    # Megatron's precision-aware optimizer with bf16 moments is written and read back (and
+    # --grad-reduce-in-bf16 read); the memory they save is the one the optimizer keeps.
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=1)
+    training, plan = apply_trainer(load_trainer("megatron-core"), TrainingSpec(
+        global_batch_size=16, seq_len=4096, moments_dtype="bf16", grad_reduce_fp32=False),
+        parse_plan("tp=2,sp=1,mbs=1,zero=1"))
+    text = export_text("megatron", export_context(model, training, plan, cluster=cluster))
+    for flag in ("--use-precision-aware-optimizer", "--exp-avg-dtype bf16",
+                 "--exp-avg-sq-dtype bf16"):
+        assert flag in text
+    text = text.replace("  --bf16", "  --bf16\n  --grad-reduce-in-bf16")
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    imported = read_trainer_config(path, text)
+    assert imported is not None
+    assert imported.training["moments_dtype"] == "bf16"
+    assert imported.training["grad_reduce_fp32"] is False
+    # The default run writes none of them.
+    base, _ = apply_trainer(load_trainer("megatron-core"), TrainingSpec(
+        global_batch_size=16, seq_len=4096), plan)
+    plain = export_text("megatron", export_context(model, base, plan, cluster=cluster))
+    assert "--exp-avg-dtype" not in plain
+    half = simulate(model, cluster, training, plan).memory_gb
+    full = simulate(model, cluster, base, plan).memory_gb
+    # 4 of the 12 bytes per parameter of a ZeRO-1 shard over dp=4, and 2 of the 4 gradient
+    # bytes: the 8B model's parameters on a tp=2 rank.
+    params = model.num_params / 2
+    assert full["optimizer"] - half["optimizer"] == pytest.approx(params * 4 / 4 / 2**30,
+                                                                  rel=0.02)
+    assert full["grads"] - half["grads"] == pytest.approx(params * 2 / 2**30, rel=0.02)
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    ("--use-precision-aware-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype fp8",
+     "--exp-avg-dtype 'fp8' is not modelled"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16", "--exp-avg-sq-dtype 'fp32'"),
+    ("--use-precision-aware-optimizer --main-params-dtype fp16", "--main-params-dtype 'fp16'"),
+])
+def test_unmodelled_optimizer_dtypes_are_named(flags, needle, tmp_path: Path):
+    text = f"MEGATRON_ARGS=(--tensor-model-parallel-size 2 --bf16 {flags})"
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    with pytest.raises(ImportError_, match=needle):
+        read_trainer_config(path, text)

@@ -517,3 +517,27 @@ def test_stas00_h200_b200_rows_use_the_benchmarks_own_flop_count():
     assert b200.measured_step_time_s == pytest.approx(0.5420, rel=1e-3)
     assert all(c.training.kernels == "eager" and c.plan.zero_stage == 2 and c.plan.dp == 8
                for c in cases)
+
+
+def test_dgxc_nemotron_340b_rows_run_their_own_config_and_fit() -> None:
+    # dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml @143b90dd: selective recompute,
+    # apex DistributedFusedAdam with grad_sync_dtype bf16 and dtype (its state) bf16. With
+    # fp32 gradients and optimizer state the 128-GPU recipe NVIDIA ran needs ~98 GiB.
+    from paraplan.simulator.step import simulate
+
+    cases = [c for c in load_published_throughput(DATA_DIR / "holdout" /
+                                                  "holdout_throughput.csv")
+             if c.source_id == "dgxc_nemo_h100" and c.model_name == "Nemotron4-340B"]
+    assert len(cases) == 2
+    for case in cases:
+        t = case.training
+        assert case.plan.recompute == "selective"
+        assert (t.grad_reduce_fp32, t.master_weights_dtype, t.moments_dtype) == \
+            (False, "bf16", "bf16")
+        assert t.optimizer_state_bytes_per_param == 6 and t.grad_buffer_bytes == 2
+    small = min(cases, key=lambda c: c.num_gpus)
+    assert simulate(small.model, small.cluster, small.training, small.plan).feasible
+    fp32 = small.training.model_copy(update={"grad_reduce_fp32": True,
+                                             "master_weights_dtype": "fp32",
+                                             "moments_dtype": "fp32"})
+    assert not simulate(small.model, small.cluster, fp32, small.plan).feasible

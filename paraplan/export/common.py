@@ -130,6 +130,20 @@ def refuse(field: str, value: Any, trainer: str, allowed: str) -> ExportError:
                        field=path, value=value)
 
 
+def refuse_optimizer_state(training: TrainingSpec, trainer: str, *,
+                           moments: tuple[str, ...] = ("fp32",)) -> None:
+    """Refuse a 16-bit optimizer state the trainer's config cannot ask for: a 16-bit parameter
+    copy in the optimizer (no pinned trainer keeps one: Megatron's ``--main-params-dtype`` is
+    fp32 or fp16) and moments in a dtype outside ``moments``."""
+    if training.master_weights and training.master_weights_dtype != "fp32" \
+            and training.precision != "fp32":
+        raise refuse("training.master_weights_dtype", training.master_weights_dtype, trainer,
+                     "its optimizer keeps fp32 master weights")
+    if training.moments_dtype not in moments:
+        raise refuse("training.moments_dtype", training.moments_dtype, trainer,
+                     "its optimizer keeps " + " or ".join(moments) + " moments")
+
+
 def refuse_relaxed_sync(plan: ParallelPlan, trainer: str) -> None:
     """Refuse what no pinned trainer config expresses: a custom GPU placement (the identity
     one is rank order, which every exporter writes), local SGD / DiLoCo, and gradient or

@@ -18,7 +18,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from paraplan.export.common import ExportContext, ExportError, refuse, refuse_relaxed_sync
+from paraplan.export.common import (
+    ExportContext,
+    ExportError,
+    refuse,
+    refuse_optimizer_state,
+    refuse_relaxed_sync,
+)
 
 TRAINER = "DeepSpeed"
 VERSION = "config keys recorded 2026-11"
@@ -77,6 +83,7 @@ def deepspeed_config(ctx: ExportContext) -> dict[str, Any]:
 def _check(ctx: ExportContext) -> None:
     t, p = ctx.training, ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
+    refuse_optimizer_state(ctx.training, TRAINER)
     if p.pp > 1 and p.zero_stage >= 2:
         raise refuse("zero_stage", p.zero_stage, TRAINER, "DeepSpeed's pipeline engine runs "
                      "ZeRO-0 or ZeRO-1 only")

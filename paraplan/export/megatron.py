@@ -18,7 +18,12 @@ from __future__ import annotations
 
 import shlex
 
-from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
+from paraplan.export.common import (
+    ExportContext,
+    refuse,
+    refuse_optimizer_state,
+    refuse_relaxed_sync,
+)
 from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING, a2a_overlap_needs
 
 TRAINER = "Megatron-LM"
@@ -68,6 +73,13 @@ def megatron_args(ctx: ExportContext) -> list[str]:
 def _check(ctx: ExportContext) -> None:
     p = ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
+    # Megatron-LM arguments.py: --exp-avg-dtype / --exp-avg-sq-dtype (fp32, fp16, bf16, fp8)
+    # with --use-precision-aware-optimizer, which runs in the distributed optimizer.
+    refuse_optimizer_state(ctx.training, TRAINER, moments=("fp32", "bf16"))
+    if ctx.training.moments_dtype != "fp32" and p.zero_stage != 1:
+        raise refuse("training.moments_dtype", ctx.training.moments_dtype, TRAINER,
+                     "paraplan writes --use-precision-aware-optimizer only with the "
+                     "distributed optimizer (zero_stage=1)")
     # The rules Megatron's arguments.py shares with check_plan (query groups, SP and
     # interleaving degrees, 2*cp | seq_length, expert-parallel divisibility) were enforced
     # by export_context; what is left is what only Megatron v0.15 cannot run.
@@ -243,6 +255,10 @@ def _precision(ctx: ExportContext) -> list[str]:
     # Megatron's dropout defaults are 0.1 (arguments.py --hidden-dropout/--attention-dropout);
     # a run without dropout (Llama-style, and how the megatron-core profile prices it) says so.
     out = [] if ctx.training.dropout else ["--hidden-dropout 0.0", "--attention-dropout 0.0"]
+    if ctx.training.moments_dtype != "fp32":
+        dtype = ctx.training.moments_dtype
+        out += ["--use-precision-aware-optimizer", f"--exp-avg-dtype {dtype}",
+                f"--exp-avg-sq-dtype {dtype}"]
     precision = ctx.training.precision
     if precision == "bf16":
         return [*out, "--bf16"]

@@ -17,7 +17,13 @@ from typing import Any
 
 import yaml
 
-from paraplan.export.common import ExportContext, ExportError, refuse, refuse_relaxed_sync
+from paraplan.export.common import (
+    ExportContext,
+    ExportError,
+    refuse,
+    refuse_optimizer_state,
+    refuse_relaxed_sync,
+)
 
 TRAINER = "nanotron"
 VERSION = "config keys recorded 2026-11"
@@ -67,6 +73,7 @@ def nanotron_config(ctx: ExportContext) -> dict[str, Any]:
 def _check(ctx: ExportContext) -> None:
     m, p = ctx.model, ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
+    refuse_optimizer_state(ctx.training, TRAINER)
     if p.zero_stage > 1:
         raise refuse("zero_stage", p.zero_stage, TRAINER, "nanotron shards optimizer states "
                      "only (zero_stage 0 or 1)")

@@ -32,7 +32,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from paraplan.export.common import ExportContext, refuse, refuse_relaxed_sync
+from paraplan.export.common import (
+    ExportContext,
+    refuse,
+    refuse_optimizer_state,
+    refuse_relaxed_sync,
+)
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.trainer import TORCHTITAN_ROTATE_METHODS, trainer_training
@@ -157,6 +162,7 @@ def _float8_tables(ctx: ExportContext, model_table: dict[str, Any]) -> dict[str,
 def _check(ctx: ExportContext) -> None:
     m, t, p = ctx.model, ctx.training, ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
+    refuse_optimizer_state(ctx.training, TRAINER)
     if p.zero_stage == 1 and p.pp == 1:
         raise refuse("zero_stage", 1, TRAINER, "torchtitan shards with FSDP2: zero_stage=3, or "
                      "2 (fsdp_reshard_after_forward = never), or 0 for DDP")

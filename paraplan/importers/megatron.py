@@ -162,6 +162,8 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     training["dropout"] = hidden > 0 or attention > 0
     if "--grad-reduce-in-bf16" in f:
         training["grad_reduce_fp32"] = False
+    if "--use-precision-aware-optimizer" in f:
+        training.update(_optimizer_dtypes(f))
     if "--ddp-bucket-size" in f:
         training["ddp_bucket_size"] = size("--ddp-bucket-size", high=MAX_BUCKET_ELEMENTS)
     if "--no-gradient-accumulation-fusion" in f:
@@ -193,3 +195,20 @@ def _moe_facts(f: dict[str, list[str]]) -> dict[str, Any]:
     if "--moe-router-force-load-balancing" in f:
         out["moe_load_imbalance"] = 1.0
     return out
+
+
+def _optimizer_dtypes(f: dict[str, list[str]]) -> dict[str, Any]:
+    """``--use-precision-aware-optimizer``'s state dtypes (Megatron-LM arguments.py: main
+    params fp32 or fp16, each Adam moment fp32, fp16, bf16 or fp8), as far as paraplan models
+    them: both moments in fp32 or both in bf16, main params in fp32."""
+    main = _one(f, "--main-params-dtype", "fp32")
+    if main != "fp32":
+        raise ImportError_(f"--main-params-dtype {main!r} is not modelled", value=main,
+                           field="--main-params-dtype", allowed=["fp32"])
+    avg, avg_sq = _one(f, "--exp-avg-dtype", "fp32"), _one(f, "--exp-avg-sq-dtype", "fp32")
+    for flag, dtype in (("--exp-avg-dtype", avg), ("--exp-avg-sq-dtype", avg_sq)):
+        if dtype not in ("fp32", "bf16") or dtype != avg:
+            raise ImportError_(f"{flag} {dtype!r} is not modelled (both moments fp32 or both "
+                               "bf16)", field=flag, value=dtype, allowed=["fp32", "bf16"])
+    return {"moments_dtype": avg}
+

@@ -31,6 +31,16 @@ class TrainingSpec(StrictModel):
     """Mixed-precision Adam/AdamW keeps fp32 master weights, momentum and variance."""
     master_weights: bool = True
     """Keep an fp32 master copy (mixed precision). Ignored for fp32 training."""
+    master_weights_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of the optimizer's own copy of the parameters (with ``master_weights``). bf16:
+    the optimizer shard keeps a 16-bit copy, 2 B per parameter (apex DistributedFusedAdam
+    ``dtype``, "datatype for optimizer state", with its default ``store_params``; NeMo
+    ``optim.dtype: bf16``)."""
+    moments_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of the optimizer's moments (Adam's momentum and variance, SGD's momentum). bf16:
+    2 B each instead of 4 (apex DistributedFusedAdam ``dtype: bf16``; Megatron-Core
+    ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``;
+    DeepSeek-V3 tracks both AdamW moments in BF16, arXiv 2412.19437 sec 3.3.3)."""
     flash_attention: bool = True
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
     flash_attention_version: Literal[1, 2] = 2
@@ -190,11 +200,14 @@ class TrainingSpec(StrictModel):
 
     @property
     def optimizer_state_bytes_per_param(self) -> int:
-        """fp32 master + optimizer moments per parameter (Rajbhandari et al. 2020, sec 3.1).
+        """Master weights + optimizer moments per parameter (Rajbhandari et al. 2020, sec 3.1).
 
         Adam: 4 (master) + 4 (momentum) + 4 (variance) = 12; SGD with momentum 4 + 4;
-        plain SGD 4 (master only); Adafactor ~ master + factored moments (4 + ~0).
+        plain SGD 4 (master only); Adafactor ~ master + factored moments (4 + ~0). A 16-bit
+        ``master_weights_dtype`` or ``moments_dtype`` halves its part (apex's bf16 optimizer
+        state: 2 + 2 + 2 = 6).
         """
-        master = 4 if (self.master_weights and self.precision != "fp32") else 0
-        moments = {"adam": 8, "adamw": 8, "sgd": 0, "sgd_momentum": 4, "adafactor": 0}
-        return master + moments[self.optimizer]
+        master = DTYPE_BYTES[self.master_weights_dtype] \
+            if (self.master_weights and self.precision != "fp32") else 0
+        moments = {"adam": 2, "adamw": 2, "sgd": 0, "sgd_momentum": 1, "adafactor": 0}
+        return master + moments[self.optimizer] * DTYPE_BYTES[self.moments_dtype]
