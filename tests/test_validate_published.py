@@ -541,3 +541,20 @@ def test_dgxc_nemotron_340b_rows_run_their_own_config_and_fit() -> None:
                                              "master_weights_dtype": "fp32",
                                              "moments_dtype": "fp32"})
     assert not simulate(small.model, small.cluster, fp32, small.plan).feasible
+
+
+def test_megatron_bridge_deepseek_v3_rows_keep_bf16_moments() -> None:
+    # Megatron-Bridge's DeepSeek-V3 recipes (v0.4.2 recipes/deepseek/deepseek_v3.py, v0.6.0
+    # perf_recipes/deepseek/common.py) run the precision-aware optimizer with bf16 Adam
+    # moments and fp32 main params; the dgxc row (NeMo 25.04 era) states neither.
+    from paraplan.simulator.step import simulate
+
+    rows = [c for c in load_published_throughput(MOE_THROUGHPUT_CSV)
+            if c.model_name == "deepseek-v3" and c.skip_reason is None]
+    ran = {c.cluster.gpu.name: c.training.moments_dtype for c in rows}
+    assert ran["h100-sxm"] == "fp32" and ran["b200"] == ran["gb200"] == "bf16"
+    for c in rows:
+        assert c.training.master_weights_dtype == "fp32"
+    b200 = next(c for c in rows if c.cluster.gpu.name == "b200")
+    assert b200.training.optimizer_state_bytes_per_param == 8
+    assert simulate(b200.model, b200.cluster, b200.training, b200.plan).feasible

@@ -410,15 +410,16 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
         # A row's own gradient-sync and optimizer-state dtypes (the config it ran: NeMo's
-        # optim.grad_sync_dtype, and apex DistributedFusedAdam's optim.dtype, "datatype for
-        # optimizer state", which holds its parameter copy and both moments).
+        # optim.grad_sync_dtype; apex DistributedFusedAdam's optim.dtype, "datatype for
+        # optimizer state", its parameter copy and both moments; Megatron's precision-aware
+        # optimizer --exp-avg-dtype / --exp-avg-sq-dtype, the moments only).
         if cell(row, "grad_sync_dtype"):
             explicit["grad_reduce_fp32"] = cell(row, "grad_sync_dtype") == "fp32"
             s.notes.append(f"gradients reduced in {cell(row, 'grad_sync_dtype')} (its config)")
-        if cell(row, "optimizer_state_dtype"):
-            dtype = cell(row, "optimizer_state_dtype")
-            explicit["master_weights_dtype"] = explicit["moments_dtype"] = dtype
-            s.notes.append(f"optimizer state in {dtype} (its config)")
+        for column in ("master_weights_dtype", "moments_dtype"):
+            if cell(row, column):
+                explicit[column] = cell(row, column)
+                s.notes.append(f"{column} {cell(row, column)} (its config)")
         if source == "stas00_h200_b200":
             # HF transformers' LlamaForCausalLM without Liger-Kernel or torch.compile
             # (bench_decompose.py USE_LIGER=0): every norm, rotary, SwiGLU and the loss eager.
