@@ -681,6 +681,7 @@ def test_current_fp8_scaling_rereads_the_input():
     ("adam", "bf16", "bf16", 6),   # apex DistributedFusedAdam dtype=bf16: copy + 2 moments
     ("sgd_momentum", "fp32", "bf16", 6),
     ("sgd", "bf16", "bf16", 2),
+    ("adam", "remainder", "fp32", 10),  # NeMo: bf16 params + 16-bit remainders
 ])
 def test_optimizer_state_bytes_follow_its_dtypes(optimizer, master, moments, expected):
     t = TrainingSpec(global_batch_size=8, seq_len=128, optimizer=optimizer,

@@ -521,8 +521,9 @@ def test_stas00_h200_b200_rows_use_the_benchmarks_own_flop_count():
 
 def test_dgxc_nemotron_340b_rows_run_their_own_config_and_fit() -> None:
     # dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml @143b90dd: selective recompute,
-    # apex DistributedFusedAdam with grad_sync_dtype bf16 and dtype (its state) bf16. With
-    # fp32 gradients and optimizer state the 128-GPU recipe NVIDIA ran needs ~98 GiB.
+    # apex DistributedFusedAdam with grad_sync_dtype bf16 and dtype (its state) bf16, for
+    # which NeMo keeps no parameter copy (store_params=False). With fp32 gradients and
+    # optimizer state the 128-GPU recipe NVIDIA ran needs ~98 GiB.
     from paraplan.simulator.step import simulate
 
     cases = [c for c in load_published_throughput(DATA_DIR / "holdout" /
@@ -532,13 +533,13 @@ def test_dgxc_nemotron_340b_rows_run_their_own_config_and_fit() -> None:
     for case in cases:
         t = case.training
         assert case.plan.recompute == "selective"
-        assert (t.grad_reduce_fp32, t.master_weights_dtype, t.moments_dtype) == \
-            (False, "bf16", "bf16")
-        assert t.optimizer_state_bytes_per_param == 6 and t.grad_buffer_bytes == 2
+        assert (t.grad_reduce_fp32, t.master_weights, t.moments_dtype) == \
+            (False, False, "bf16")
+        assert t.optimizer_state_bytes_per_param == 4 and t.grad_buffer_bytes == 2
     small = min(cases, key=lambda c: c.num_gpus)
     assert simulate(small.model, small.cluster, small.training, small.plan).feasible
     fp32 = small.training.model_copy(update={"grad_reduce_fp32": True,
-                                             "master_weights_dtype": "fp32",
+                                             "master_weights": True,
                                              "moments_dtype": "fp32"})
     assert not simulate(small.model, small.cluster, fp32, small.plan).feasible
 
@@ -558,3 +559,18 @@ def test_megatron_bridge_deepseek_v3_rows_keep_bf16_moments() -> None:
     b200 = next(c for c in rows if c.cluster.gpu.name == "b200")
     assert b200.training.optimizer_state_bytes_per_param == 8
     assert simulate(b200.model, b200.cluster, b200.training, b200.plan).feasible
+
+
+def test_dgxc_llama_and_gpt3_rows_keep_neMo_param_remainders() -> None:
+    # Their configs (dgxc-benchmarking @143b90dd / @0b71cfda) run apex distributed_fused_adam
+    # with an fp32 state and grad_sync_dtype bf16: NeMo stores 16-bit param remainders
+    # (2 + 4 + 4 = 10 B) and reduces bf16 gradients; fp8 runs set fp8_params (fp32 copies).
+    cases = [c for c in load_published_throughput(DATA_DIR / "holdout" /
+                                                  "holdout_throughput.csv")
+             if c.source_id == "dgxc_nemo_h100" and c.model_name.startswith(("Llama3.1", "GPT"))]
+    assert len(cases) == 14
+    for case in cases:
+        t = case.training
+        assert not t.grad_reduce_fp32 and t.grad_buffer_bytes == 2
+        fp8_params = t.precision == "fp8" and case.model_name.startswith("Llama")
+        assert t.optimizer_state_bytes_per_param == (12 if fp8_params else 10)

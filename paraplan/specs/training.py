@@ -31,11 +31,14 @@ class TrainingSpec(StrictModel):
     """Mixed-precision Adam/AdamW keeps fp32 master weights, momentum and variance."""
     master_weights: bool = True
     """Keep an fp32 master copy (mixed precision). Ignored for fp32 training."""
-    master_weights_dtype: Literal["fp32", "bf16"] = "fp32"
-    """dtype of the optimizer's own copy of the parameters (with ``master_weights``). bf16:
-    the optimizer shard keeps a 16-bit copy, 2 B per parameter (apex DistributedFusedAdam
-    ``dtype``, "datatype for optimizer state", with its default ``store_params``; NeMo
-    ``optim.dtype: bf16``)."""
+    master_weights_dtype: Literal["fp32", "bf16", "remainder"] = "fp32"
+    """How the optimizer keeps its copy of the parameters (with ``master_weights``). fp32:
+    4 B. bf16: a 16-bit copy, 2 B (apex DistributedFusedAdam ``store_params`` with a bf16
+    ``dtype``). remainder: fp32 precision as the bf16 parameter itself plus the 16 low bits,
+    2 B (apex ``store_param_remainders``, which NeMo turns on for bf16 models with an fp32
+    optimizer state: nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py
+    ``setup_optimization``). A trainer that updates the 16-bit parameters directly has no
+    copy: ``master_weights=False``."""
     moments_dtype: Literal["fp32", "bf16"] = "fp32"
     """dtype of the optimizer's moments (Adam's momentum and variance, SGD's momentum). bf16:
     2 B each instead of 4 (apex DistributedFusedAdam ``dtype: bf16``; Megatron-Core
@@ -204,10 +207,10 @@ class TrainingSpec(StrictModel):
 
         Adam: 4 (master) + 4 (momentum) + 4 (variance) = 12; SGD with momentum 4 + 4;
         plain SGD 4 (master only); Adafactor ~ master + factored moments (4 + ~0). A 16-bit
-        ``master_weights_dtype`` or ``moments_dtype`` halves its part (apex's bf16 optimizer
-        state: 2 + 2 + 2 = 6).
+        ``master_weights_dtype`` or ``moments_dtype`` halves its part (a bf16 copy and bf16
+        moments: 2 + 2 + 2 = 6; NeMo's fp32 state on bf16 parameters: 2 + 4 + 4 = 10).
         """
-        master = DTYPE_BYTES[self.master_weights_dtype] \
+        master = (2 if self.master_weights_dtype != "fp32" else 4) \
             if (self.master_weights and self.precision != "fp32") else 0
         moments = {"adam": 2, "adamw": 2, "sgd": 0, "sgd_momentum": 1, "adafactor": 0}
         return master + moments[self.optimizer] * DTYPE_BYTES[self.moments_dtype]

@@ -417,7 +417,10 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["grad_reduce_fp32"] = cell(row, "grad_sync_dtype") == "fp32"
             s.notes.append(f"gradients reduced in {cell(row, 'grad_sync_dtype')} (its config)")
         for column in ("master_weights_dtype", "moments_dtype"):
-            if cell(row, column):
+            if cell(row, column) == "none":  # the optimizer updates the 16-bit parameters
+                explicit["master_weights"] = False
+                s.notes.append("no master copy of the parameters (its config)")
+            elif cell(row, column):
                 explicit[column] = cell(row, column)
                 s.notes.append(f"{column} {cell(row, column)} (its config)")
         if source == "stas00_h200_b200":
