@@ -687,3 +687,28 @@ def test_optimizer_state_bytes_follow_its_dtypes(optimizer, master, moments, exp
     t = TrainingSpec(global_batch_size=8, seq_len=128, optimizer=optimizer,
                      master_weights_dtype=master, moments_dtype=moments)
     assert t.optimizer_state_bytes_per_param == expected
+
+
+def test_userbuffers_tp_overlap_charges_the_sms_its_comm_kernels_hold():
+    # TE userbuffers (initialize_ub defaults): the pipelined reduce-scatter GEMMs (O-proj,
+    # FC2 forward) and the bulk-overlapped data gradients (QKV, FC1) run on sm - 16 SMs;
+    # the ring-exchange GEMMs lose nothing. Hand-worked for Llama-3-8B, tp=2, mbs=1, 4K.
+    from paraplan.simulator.tp_overlap import tp_overlap_split_time
+
+    model, gpu = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=1).gpu
+    training = TrainingSpec(global_batch_size=8, seq_len=4096)
+    dev = Device.of(gpu, "bf16")
+    plan = parse_plan("tp=2,sp=1,mbs=1").model_copy(update={"tp_comm_overlap": True})
+    m, h, ffn = 4096, 4096, 14336 / 2
+    q_kv = (32 + 2 * 8) * 128 / 2  # QKV columns per rank (GQA: 8 KV heads)
+    o_k = 32 * 128 / 2
+    slower = 16 / (132 - 16)
+    fwd, bwd = tp_overlap_split_time(model, training, plan, dev, moe=False)
+    assert fwd == pytest.approx(slower * (gemm_time(dev, m, h, o_k) + gemm_time(dev, m, h, ffn)))
+    assert bwd == pytest.approx(slower * (gemm_time(dev, m, h, q_kv)
+                                          + gemm_time(dev, m, h, 2 * ffn)))
+    # Nothing without the overlap, and PyTorch's async TP is priced by the NCCL-SM rule.
+    assert tp_overlap_split_time(model, training, plan.model_copy(
+        update={"tp_comm_overlap": False}), dev, moe=False) == (0.0, 0.0)
+    async_tp = training.model_copy(update={"tp_overlap": "async_tp"})
+    assert tp_overlap_split_time(model, async_tp, plan, dev, moe=False) == (0.0, 0.0)

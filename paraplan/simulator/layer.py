@@ -21,6 +21,7 @@ from paraplan.simulator.compute import (
 from paraplan.simulator.grads import FP32_BYTES
 from paraplan.simulator.loss import lm_head_times
 from paraplan.simulator.pipeline import inflight_microbatches
+from paraplan.simulator.tp_overlap import with_tp_overlap
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -112,7 +113,8 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
 
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
-    lt = layer_times(model, training, plan, device, moe=moe, attention=attention)
+    lt = with_tp_overlap(layer_times(model, training, plan, device, moe=moe,
+                                     attention=attention), model, training, plan, device, moe)
     tp_c = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))
@@ -122,11 +124,11 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
         else:
             tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
         if plan.tp_comm_overlap:
-            # Async TP / userbuffers split the collective into chunks pipelined with the
-            # adjacent GEMM (a quarter of the layer's GEMM time per collective); what the
-            # GEMM cannot cover stays exposed, the overlapped part costs NCCL's SMs.
+            # Chunks under the adjacent GEMM (a quarter of the layer's GEMMs per collective);
+            # the SMs it holds: ``with_tp_overlap`` (userbuffers), NCCL's (async TP).
             cover = lt.gemm_fwd_s / 4
-            tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * device.nccl_slowdown
+            sms = device.nccl_slowdown if training.tp_overlap == "async_tp" else 0.0
+            tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * sms
     cp_c = cp_b = 0.0
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's

@@ -116,6 +116,8 @@ class TrainerRuns(StrictModel):
     """TP collectives overlapped with the adjacent GEMMs (userbuffers / async TP)."""
     tp_comm_overlap_needs_sp: bool = True
     """The overlap works on sequence parallelism's all-gather / reduce-scatter only."""
+    tp_overlap: Literal["userbuffers", "async_tp"] = "userbuffers"
+    """How its TP overlap runs (``TrainingSpec.tp_overlap``)."""
     overlap_grad_reduce: bool
     """DP gradient reduction overlapped with the backward pass (buckets)."""
     overlap_param_gather: bool = False
@@ -341,7 +343,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
-             "dropout": runs.dropout,
+             "dropout": runs.dropout, "tp_overlap": runs.tp_overlap,
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,

@@ -151,6 +151,12 @@ class TrainingSpec(StrictModel):
     busiest expert 1.52-1.72x the mean (Wang et al. 2024, arXiv 2408.15664, Table 2
     MaxVio_global). 1.0: balanced, as Megatron's ``--moe-router-force-load-balancing``
     (random router logits, "only for benchmark") makes NVIDIA's published MoE benchmarks."""
+    tp_overlap: Literal["userbuffers", "async_tp"] = "userbuffers"
+    """How overlapped TP collectives run (``plan.tp_comm_overlap``): Transformer Engine's
+    userbuffers (Megatron-Core), whose pipelined and bulk overlaps hold SMs beside the GEMMs
+    (``simulator.tp_overlap``), or PyTorch's async TP (torchtitan
+    ``enable_async_tensor_parallel``), whose hidden part is charged the SMs of any overlapped
+    collective (``compute.NCCL_SMS``)."""
     grad_reduce_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
     compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""

@@ -1,0 +1,72 @@
+"""What overlapping the tensor-parallel collectives with the GEMMs costs the GEMMs.
+
+Transformer Engine's userbuffers (Megatron-Core ``--tp-comm-overlap``) hide the sequence-
+parallel all-gathers and reduce-scatters behind the adjacent GEMMs by splitting those GEMMs
+into chunks. The chunks run round-robin on several compute streams
+(transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp: ``nvte_cublas_gemm(...,
+_math_sms, _stream_compute[i % _stream_compute.size()])``), so one chunk fills the wave tail
+of the one before and the split GEMM costs what the whole one does; the price is
+``_math_sms``: the pipelined and bulk overlaps hold SMs for their communication kernels for
+as long as the GEMM runs. The exposed communication that remains is
+``layer.layer_compute_parts``'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from paraplan.simulator.compute import Device, LayerTimes, gemm_time
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+# Transformer Engine userbuffers' defaults (transformer_engine/pytorch/module/base.py
+# ``initialize_ub``): GEMMs that take an all-gathered input (QKV and FC1 forward; the
+# O-projection and FC2 data gradients) run "ring_exchange" (tp chunks, the exchange on copy
+# engines: ``num_sm`` 1, no SM margin); GEMMs whose output is reduce-scattered (O-projection
+# and FC2 forward) run "pipeline" (4 chunks) and the QKV and FC1 data gradients overlap their
+# reduce-scatter "bulk", both beside a communication kernel on ``num_sm`` 16 SMs held back
+# from the GEMM (``set_sm_margin``).
+UB_COMM_SMS = 16
+
+
+def tp_overlap_split_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                          device: Device, *, moe: bool) -> tuple[float, float]:
+    """Extra (forward, backward) GEMM seconds of one layer and micro-batch when the TP
+    collectives overlap the GEMMs as Transformer Engine's userbuffers do
+    (``plan.tp_comm_overlap``): the O-projection and FC2 forward GEMMs (pipelined
+    reduce-scatter) and the QKV and FC1 data gradients (bulk reduce-scatter) run on the
+    SMs their ``UB_COMM_SMS`` communication SMs leave, sm / (sm - 16) times as long; the
+    ring-exchange GEMMs lose nothing (copy engines). The whole GEMMs are
+    ``compute.attention_times`` and ``compute.mlp_gemm_time``. The overlap covers the
+    projections that read or write the hidden state and the dense MLP (an MoE layer's
+    experts sit behind the expert all-to-alls instead)."""
+    t = plan.tp
+    sm = device.sm_count
+    if not plan.tp_comm_overlap or t <= 1 or not sm or sm <= UB_COMM_SMS \
+            or training.tp_overlap != "userbuffers":
+        return 0.0, 0.0
+    m = plan.micro_batch_size * training.seq_len / plan.cp  # rows once sequence-gathered
+    h = model.hidden_size
+    slower = UB_COMM_SMS / (sm - UB_COMM_SMS)
+    gathered = [p.per_rank(t) for p in model.attention.projections
+                if p.split == "column" and p.k_in == h]
+    scattered = [p.per_rank(t) for p in model.attention.projections
+                 if p.split == "row" and p.n_out == h]
+    if not moe:
+        ffn = model.ffn_hidden_size / t
+        gathered.append((h, (2 if model.mlp_matrices == 3 else 1) * ffn))
+        scattered.append((ffn, h))
+    fwd = sum(gemm_time(device, m, n, k) for k, n in scattered) * slower
+    bwd = sum(gemm_time(device, m, k, n) for k, n in gathered) * slower  # data gradients
+    return fwd, bwd
+
+
+def with_tp_overlap(times: LayerTimes, model: ModelSpec, training: TrainingSpec,
+                    plan: ParallelPlan, device: Device, moe: bool) -> LayerTimes:
+    """``times`` with ``tp_overlap_split_time`` added to the forward and backward passes."""
+    fwd, bwd = tp_overlap_split_time(model, training, plan, device, moe=moe)
+    if not (fwd or bwd):
+        return times
+    return replace(times, forward_s=times.forward_s + fwd, backward_s=times.backward_s + bwd)
+
