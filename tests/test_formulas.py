@@ -109,18 +109,38 @@ def test_measured_gemm_table_interpolates_in_log_space():
     mid = table.efficiency(4096, 4096, 3000)  # between k=2048 and k=4096
     lo, hi = table.efficiency(4096, 4096, 2048), table.efficiency(4096, 4096, 4096)
     assert min(lo, hi) <= mid <= max(lo, hi)
-    assert table.efficiency(1e6, 1e6, 1e6) == table.efficiency(16384, 4096, 4096)  # clamped
+    # m and n clamp at the grid's edges; a longer k than measured extrapolates.
+    assert table.efficiency(1e6, 1e6, 4096) == table.efficiency(16384, 4096, 4096)
+    assert table.efficiency(1e6, 1e6, 1e6) == pytest.approx(table.best_tflops / 989)
     assert table.efficiency(256, 256, 256) < 0.05  # tiny GEMMs are launch-bound
     dev = Device.of(load_gpu("h100-sxm"), "bf16")
     t = gemm_time(dev, 16384, 4096, 4096)
-    # The table is a burst measurement; its best over the large squares (8192^3 looks up
-    # (8192, 4096, 4096), the b=2 grid point, 804.8 TF/s) is scaled to the sustained cuBLAS
-    # BF16 measured after the clock settles at 700 W: 0.7077 of peak
+    # The table is a burst measurement; its best over the large squares (8192^3 and 16384^3
+    # reach the table's fastest shape, 808.7 TF/s, once their k is extrapolated) is scaled to
+    # the sustained cuBLAS BF16 measured after the clock settles at 700 W: 0.7077 of peak
     # (hardware_profiles/gpus/h100-sxm.yaml sources); this shape keeps its ratio to it.
     best = table.best_square_efficiency((4096, 8192, 16384))
-    assert best == pytest.approx(table.efficiency(8192, 4096, 4096))
+    assert best == pytest.approx(table.best_tflops / 989) == pytest.approx(808.7 / 989)
     assert t == pytest.approx(2 * 16384 * 4096 * 4096 / (989e12 * 0.7077 * 793.131 / 989 / best),
                               rel=1e-9)
+
+
+def test_gemm_table_extrapolates_a_long_k_by_its_per_tile_time():
+    # Beyond the grid's k = 4096 each output tile loops longer: time = a + b*k from the two
+    # longest measured k at the same (m, n), capped at the table's fastest shape. 2048 rows,
+    # n=4096: the grid's k=2048 and k=4096 values (b=1, 2, 4 entries folded into m).
+    from paraplan.specs.loaders import load_gemm_table
+
+    table = load_gemm_table("sm_90")
+    tf1, tf2 = (table.efficiency(2048, 4096, k) * 989 for k in (2048, 4096))
+    assert 700 < tf1 < tf2 < 760
+    t1, t2 = 2048 / tf1, 4096 / tf2  # time per (2 m n) FLOPs, arbitrary units
+    per_k = (t2 - t1) / 2048
+    for k in (8192, 12288, 65536):
+        expect = min(table.best_tflops, k / (t2 + per_k * (k - 4096)))
+        assert table.efficiency(2048, 4096, k) * 989 == pytest.approx(expect, rel=1e-9)
+    effs = [table.efficiency(2048, 4096, k) for k in (4096, 8192, 16384, 1e6)]
+    assert effs == sorted(effs) and effs[-1] <= table.best_tflops / 989
 
 
 def test_sustained_gemm_figure_sets_the_level_and_the_table_the_shape():

@@ -100,7 +100,22 @@ class GemmTable(StrictModel):
         lo, hi = math.log2(axis[i]), math.log2(axis[j])
         return i, j, (lx - lo) / (hi - lo)
 
+    @cached_property
+    def best_tflops(self) -> float:
+        """The table's fastest measured shape, TFLOP/s."""
+        return max(self.tflops)
+
     def _interpolate(self, m: float, n: float, k: float) -> float:
+        if k > self.k[-1] and len(self.k) > 1:
+            # Beyond the grid's longest inner dimension the output tiles only loop longer:
+            # time = fixed per-tile work (prologue, epilogue, waves) + a part linear in k,
+            # read off the two longest measured k at this (m, n), never faster than the
+            # table's fastest shape (large GEMMs saturate).
+            k1, k2 = self.k[-2], self.k[-1]
+            t1 = k1 / self._interpolate(m, n, k1)
+            t2 = k2 / self._interpolate(m, n, k2)
+            per_k = (t2 - t1) / (k2 - k1)
+            return min(self.best_tflops, k / (t2 + per_k * (k - k2)))
         (i0, i1, fm), (j0, j1, fn), (l0, l1, fk) = (
             self._bracket(self.m, m), self._bracket(self.n, n), self._bracket(self.k, k))
         nn, nk = len(self.n), len(self.k)
