@@ -183,6 +183,9 @@ def test_best_table_fix_and_explain() -> None:
     (("--export", "json"), "--export needs --out"),
     (("--export", "yaml", "--out", "x.yaml"), "yaml"),
     (("--searcher", "magic"), "magic"),
+    (("--moments-dtype", "fp16"), "--moments-dtype 'fp16'"),
+    (("--moments-dtype", "bf16", "--trainer", "deepspeed"),
+     "deepspeed (0.14) keeps its optimizer moments in fp32"),
 ])
 def test_best_bad_input_exits_2(extra: tuple[str, ...], needle: str) -> None:
     res = run(*BEST, *extra)
@@ -245,3 +248,18 @@ def test_a_bad_fp8_gemm_table_names_its_own_field(tmp_path):
     with pytest.raises(SpecError, match="unknown gemm_table_fp8 'nope'") as err:
         load_gpu(str(gpu))
     assert err.value.field == "gpu.gemm_table_fp8"
+
+
+def test_bf16_moments_from_the_command_line_shrink_the_optimizer_state() -> None:
+    # ZeRO-1 over 8 GPUs: 12 bytes of optimizer state per parameter become 8 (bf16 moments),
+    # a third less; torchtitan keeps fp32 moments, so the same plan is infeasible there.
+    args = ("simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1",
+            "--plan", "tp=1,zero=1,mbs=1,rc=full", "--global-batch", "64", "--seq-len", "4096",
+            "--format", "json")
+    full = json.loads(run(*args).stdout)
+    half = json.loads(run(*args, "--moments-dtype", "bf16").stdout)
+    assert half["memory_gb"]["optimizer"] == pytest.approx(
+        full["memory_gb"]["optimizer"] * 8 / 12, rel=1e-9)
+    titan = json.loads(run(*args, "--moments-dtype", "bf16", "--trainer", "torchtitan").stdout)
+    assert not titan["feasible"]
+    assert any("optimizer moments in fp32" in r for r in titan["reasons"])

@@ -27,6 +27,14 @@ MoeOverlapOpt = Annotated[bool | None, typer.Option(
     "--moe-a2a-overlap/--no-moe-a2a-overlap", help="Hide expert-parallel all-to-alls behind "
     "another micro-batch's compute (Megatron --overlap-moe-expert-parallel-comm). Default: "
     "the trainer's.")]
+TRAINING_FLAGS = {"global_batch_size": "--global-batch", "seq_len": "--seq-len",
+                  "precision": "--precision", "moe_dispatcher": "--moe-dispatcher",
+                  "moe_load_imbalance": "--moe-imbalance", "moments_dtype": "--moments-dtype"}
+"""The TrainingSpec fields the command line sets, by the option that sets them."""
+MomentsDtypeOpt = Annotated[str | None, typer.Option(
+    "--moments-dtype", help="Adam moments in fp32 (default) or bf16 (Megatron "
+    "--use-precision-aware-optimizer --exp-avg-dtype bf16, as DeepSeek-V3 trains): 8 instead of "
+    "12 optimizer bytes per parameter.")]
 MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean "
     "(default 1.3; 1.0 = forced balance, as NVIDIA's MoE benchmarks).")]
@@ -135,11 +143,11 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
 
 def read_training(global_batch: int | None, seq_len: int | None, precision: str,
                   flash_attention: bool = True, *, moe_dispatcher: str | None = None,
-                  moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None
-                  ) -> Any:
+                  moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
+                  moments_dtype: str | None = None) -> Any:
     """The TrainingSpec of --global-batch, --seq-len, --precision (and --no-flash-attention,
-    the --moe-* options: those left out stay the trainer's); a bad value is a SpecError
-    naming the field."""
+    --moments-dtype, the --moe-* options: those left out stay the trainer's); a bad value is
+    a SpecError naming the field."""
     from pydantic import ValidationError
 
     from paraplan.specs.errors import from_validation_error
@@ -147,11 +155,17 @@ def read_training(global_batch: int | None, seq_len: int | None, precision: str,
 
     moe = {k: v for k, v in (("moe_dispatcher", moe_dispatcher),
                              ("moe_a2a_overlap", moe_a2a_overlap),
-                             ("moe_load_imbalance", moe_imbalance)) if v is not None}
+                             ("moe_load_imbalance", moe_imbalance),
+                             ("moments_dtype", moments_dtype)) if v is not None}
     try:
         return TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
                             precision=precision, flash_attention=flash_attention, **moe)
     except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        flag = TRAINING_FLAGS.get(str(err.get("loc", ("",))[0]))
+        if flag is not None:  # name the option the user typed, not the spec's field
+            raise SpecError(f"{flag} {err.get('input')!r}: {err.get('msg')}", field=flag,
+                            value=err.get("input")) from None
         raise from_validation_error(exc, "training") from None
 
 

@@ -28,6 +28,7 @@ from paraplan.cli.inputs import (
     MoeDispatcherOpt,
     MoeImbalanceOpt,
     MoeOverlapOpt,
+    MomentsDtypeOpt,
     TrainerOpt,
     check_output_paths,
     read_trainer,
@@ -124,6 +125,7 @@ def best(
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
+    moments_dtype: MomentsDtypeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Find the fastest plans that fit: a ranked table with step time, MFU, memory per GPU and
@@ -149,7 +151,7 @@ def best(
     spec_cluster = load_cluster(cluster, nodes=nodes)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash,
                              moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                             moe_imbalance=moe_imbalance)
+                             moe_imbalance=moe_imbalance, moments_dtype=moments_dtype)
     spec_trainer = read_trainer(trainer, export.value if export is not None else None)
     if relaxed:
         from paraplan.search.relaxed import relaxed_search

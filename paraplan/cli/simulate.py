@@ -16,6 +16,7 @@ from paraplan.cli.inputs import (
     MoeDispatcherOpt,
     MoeImbalanceOpt,
     MoeOverlapOpt,
+    MomentsDtypeOpt,
     TrainerOpt,
     apply_imported,
     check_output_paths,
@@ -55,6 +56,7 @@ def simulate(
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
+    moments_dtype: MomentsDtypeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
     """Simulate one plan: step time, MFU, memory per GPU and where the time goes, as the
@@ -74,7 +76,7 @@ def simulate(
         global_batch, seq_len, precision, flash_attention=not no_flash,
         moe_dispatcher=run.get("moe_dispatcher") if moe_dispatcher is None else moe_dispatcher,
         moe_a2a_overlap=run.get("moe_a2a_overlap") if moe_a2a_overlap is None
-        else moe_a2a_overlap, moe_imbalance=moe_imbalance)
+        else moe_a2a_overlap, moe_imbalance=moe_imbalance, moments_dtype=moments_dtype)
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
         training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)

@@ -88,6 +88,11 @@ class TrainerCan(StrictModel):
     """Activation recomputation kinds."""
     precisions: list[Precision]
     """Compute precisions."""
+    optimizer_states: list[Literal["fp32", "bf16_moments", "remainder", "bf16_master"]] = \
+        ["fp32"]
+    """Optimizer states beyond fp32 master weights and moments that it keeps: bf16 Adam
+    moments (``TrainingSpec.moments_dtype``), fp32 masters as bf16 parameters plus 16-bit
+    remainders or a bf16 master copy (``master_weights_dtype`` remainder, bf16)."""
     fp8_moe: bool = True
     """fp8 for mixture-of-experts models (their expert GEMMs in fp8); False where the
     trainer's fp8 path converts dense linear layers only."""
@@ -292,6 +297,7 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if training.precision not in can.precisions:
         out.append(f"{who} cannot train in --precision {training.precision}; it has "
                    f"{_words(can.precisions)}")
+    out += optimizer_state_reasons(trainer, training)
     if num_microbatches is not None and p.pp > 1:
         stages = p.pp * p.virtual_stages
         if can.microbatches_per_stage and num_microbatches < stages:
@@ -376,3 +382,19 @@ def tp_overlap(runs: TrainerRuns, tp: int, sequence_parallel: bool) -> bool:
 def _words(values: list) -> str:
     items = [str(v) for v in values]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def optimizer_state_reasons(trainer: TrainerSpec, training: TrainingSpec) -> list[str]:
+    """Why ``trainer`` cannot keep ``training``'s optimizer state (empty when it can)."""
+    can, out = trainer.can.optimizer_states, []
+    if training.moments_dtype == "bf16" and "bf16_moments" not in can:
+        out.append(f"{trainer.label} keeps its optimizer moments in fp32 (--moments-dtype "
+                   "bf16 needs a trainer whose profile lists bf16_moments)")
+    master = {"remainder": "remainder", "bf16": "bf16_master"}.get(
+        training.master_weights_dtype)
+    if training.master_weights and master is not None and training.precision != "fp32" \
+            and master not in can:
+        out.append(f"{trainer.label} keeps fp32 master weights, not "
+                   f"master_weights_dtype={training.master_weights_dtype}")
+    return out
+

@@ -13,7 +13,12 @@ from paraplan.search.space.fix import RECOMPUTES
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.trainer import TrainerSpec, missing_features, relaxed_knobs
+from paraplan.specs.trainer import (
+    TrainerSpec,
+    missing_features,
+    optimizer_state_reasons,
+    relaxed_knobs,
+)
 from paraplan.specs.training import TrainingSpec
 
 
@@ -47,6 +52,9 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
         raise SpecError(f"{who} cannot train in --precision {training.precision}; it has "
                         f"{', '.join(can.precisions)}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
+    refused = optimizer_state_reasons(trainer, training)
+    if refused:
+        raise SpecError(refused[0], field="--moments-dtype", value=training.moments_dtype)
     if not can.relaxed_sync:
         pinned = relaxed_knobs(constants)
         if pinned:
