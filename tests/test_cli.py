@@ -263,3 +263,22 @@ def test_bf16_moments_from_the_command_line_shrink_the_optimizer_state() -> None
     titan = json.loads(run(*args, "--moments-dtype", "bf16", "--trainer", "torchtitan").stdout)
     assert not titan["feasible"]
     assert any("optimizer moments in fp32" in r for r in titan["reasons"])
+
+
+def test_bf16_moments_survive_best_to_export_and_stay_on_the_distributed_optimizer(tmp_path):
+    # Megatron's precision-aware optimizer runs with the distributed optimizer only, so the
+    # search keeps zero=1 and its #1 exports; a best result carries the setting to export.
+    a = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "1", "--global-batch",
+         "64", "--seq-len", "4096")
+    res = json.loads(run("best", *a, "--moments-dtype", "bf16", "--top", "5",
+                         "--format", "json").stdout)
+    assert all(p["plan"]["zero_stage"] == 1 for p in res["plans"])
+    assert res["plans"][0]["moments_dtype"] == "bf16"
+    result = tmp_path / "best.json"
+    result.write_text(json.dumps(res))
+    out = tmp_path / "run.sh"
+    done = run("export", str(result), "--to", "megatron", *a, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "--exp-avg-dtype bf16" in out.read_text()
+    clash = run("simulate", *a, "--plan", str(out), "--moments-dtype", "fp32")
+    assert clash.returncode == 2 and "--moments-dtype" in clash.stderr

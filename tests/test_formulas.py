@@ -732,3 +732,14 @@ def test_userbuffers_tp_overlap_charges_the_sms_its_comm_kernels_hold():
         update={"tp_comm_overlap": False}), dev, moe=False) == (0.0, 0.0)
     async_tp = training.model_copy(update={"tp_overlap": "async_tp"})
     assert tp_overlap_split_time(model, async_tp, plan, dev, moe=False) == (0.0, 0.0)
+
+
+def test_gemm_table_k_extrapolation_never_runs_backwards():
+    # A launch-bound shape whose rate grows faster than k (time falls with k) keeps the rate
+    # of the longest measured k instead of extrapolating towards zero or negative time.
+    from paraplan.specs.cluster import GemmTable
+
+    t = GemmTable(name="x", reference_peak_tflops=10, m=[256], n=[256], k=[1024, 2048],
+                  tflops=[1.0, 4.0])
+    for k in (3072, 1e5, 1e9):
+        assert t.efficiency(256, 256, k) == pytest.approx(0.4)

@@ -92,7 +92,8 @@ def apply_imported(imported: Any, model: Any, training: Any) -> Any:
     # MoE run settings the file states and the command line also gives: the file would win
     # silently, so a difference is an error too.
     for key, flag in (("moe_dispatcher", "--moe-dispatcher"),
-                      ("moe_a2a_overlap", "--moe-a2a-overlap")):
+                      ("moe_a2a_overlap", "--moe-a2a-overlap"),
+                      ("moments_dtype", "--moments-dtype")):
         if key in imported.training and key in training.model_fields_set \
                 and imported.training[key] != getattr(training, key):
             raise SpecError(f"{imported.path} sets {key}={imported.training[key]!r} but "
@@ -114,14 +115,15 @@ def read_json_file(path: Path, field: str) -> Any:
 def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | None = None
                      ) -> Any:
     """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``). A
-    ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``) the report
-    or the best plan was priced with, so it is priced and exported as ranked."""
+    ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``) and the
+    optimizer's ``moments_dtype`` the report or the best plan was priced with, so it is priced
+    and exported as ranked."""
     from paraplan.export.plan_json import is_plan_document
     from paraplan.search.moe_runs import MOE_RUN_FIELDS
 
     def keep(report: dict) -> None:
         if run is not None:
-            run.update({k: report[k] for k in MOE_RUN_FIELDS
+            run.update({k: report[k] for k in (*MOE_RUN_FIELDS, "moments_dtype")
                         if isinstance(report.get(k), bool | str)})
 
     if not isinstance(data, dict):

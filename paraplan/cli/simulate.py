@@ -76,7 +76,8 @@ def simulate(
         global_batch, seq_len, precision, flash_attention=not no_flash,
         moe_dispatcher=run.get("moe_dispatcher") if moe_dispatcher is None else moe_dispatcher,
         moe_a2a_overlap=run.get("moe_a2a_overlap") if moe_a2a_overlap is None
-        else moe_a2a_overlap, moe_imbalance=moe_imbalance, moments_dtype=moments_dtype)
+        else moe_a2a_overlap, moe_imbalance=moe_imbalance,
+        moments_dtype=run.get("moments_dtype") if moments_dtype is None else moments_dtype)
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
         training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)

@@ -162,8 +162,9 @@ def read_megatron(text: str, path: str = "") -> ImportedConfig:
     training["dropout"] = hidden > 0 or attention > 0
     if "--grad-reduce-in-bf16" in f:
         training["grad_reduce_fp32"] = False
-    if "--use-precision-aware-optimizer" in f:
-        training.update(_optimizer_dtypes(f))
+    # A script states its optimizer's moments either way (fp32 without the flag).
+    training.update(_optimizer_dtypes(f) if "--use-precision-aware-optimizer" in f
+                    else {"moments_dtype": "fp32"})
     if "--ddp-bucket-size" in f:
         training["ddp_bucket_size"] = size("--ddp-bucket-size", high=MAX_BUCKET_ELEMENTS)
     if "--no-gradient-accumulation-fusion" in f:

@@ -114,6 +114,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     else:
         report = _simulate(model, cluster, training, plan, time_if_oom)
     report.extra["trainer"] = spec.name
+    if training.moments_dtype != "fp32":  # a run setting its plan JSON and exports carry
+        report.extra["moments_dtype"] = training.moments_dtype
     return report
 
 

@@ -36,7 +36,8 @@ class GemmTable(StrictModel):
 
     ``tflops`` is flattened m-major over the ``m`` x ``n`` x ``k`` grid; ``m`` folds batched
     entries in (a batch of b GEMMs of m rows counts as b*m rows). Lookups interpolate
-    trilinearly in log2(shape) and clamp at the grid's edges.
+    trilinearly in log2(shape), clamp m and n at the grid's edges and extrapolate k beyond the
+    longest measured one by the per-tile time's trend in k (``_interpolate``).
     """
 
     name: str
@@ -74,8 +75,8 @@ class GemmTable(StrictModel):
         return self
 
     def best_square_efficiency(self, sizes: tuple[int, ...] = SUSTAINED_GEMM_SQUARES) -> float:
-        """Best efficiency (0..1) over the square shapes ``sizes`` (lookups clamp at the
-        grid's edges): the table's value where a sustained measurement picked its best."""
+        """Best efficiency (0..1) over the square shapes ``sizes`` (as ``efficiency`` looks
+        them up): the table's value where a sustained measurement picked its best."""
         return max(self.efficiency(n, n, n) for n in sizes)
 
     def efficiency(self, m: float, n: float, k: float) -> float:
@@ -115,6 +116,8 @@ class GemmTable(StrictModel):
             t1 = k1 / self._interpolate(m, n, k1)
             t2 = k2 / self._interpolate(m, n, k2)
             per_k = (t2 - t1) / (k2 - k1)
+            if per_k <= 0:  # a launch-bound shape whose time does not grow: keep k2's rate
+                return k2 / t2
             return min(self.best_tflops, k / (t2 + per_k * (k - k2)))
         (i0, i1, fm), (j0, j1, fn), (l0, l1, fk) = (
             self._bracket(self.m, m), self._bracket(self.n, n), self._bracket(self.k, k))

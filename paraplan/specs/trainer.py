@@ -90,9 +90,9 @@ class TrainerCan(StrictModel):
     """Compute precisions."""
     optimizer_states: list[Literal["fp32", "bf16_moments", "remainder", "bf16_master"]] = \
         ["fp32"]
-    """Optimizer states beyond fp32 master weights and moments that it keeps: bf16 Adam
-    moments (``TrainingSpec.moments_dtype``), fp32 masters as bf16 parameters plus 16-bit
-    remainders or a bf16 master copy (``master_weights_dtype`` remainder, bf16)."""
+    """Optimizer states it keeps (``TrainingSpec.moments_dtype``, ``master_weights_dtype``)."""
+    bf16_moments_zero_stages: list[Literal[0, 1, 2, 3]] = [0, 1, 2, 3]
+    """ZeRO stages its bf16-moment optimizer runs with."""
     fp8_moe: bool = True
     """fp8 for mixture-of-experts models (their expert GEMMs in fp8); False where the
     trainer's fp8 path converts dense linear layers only."""
@@ -298,6 +298,9 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
         out.append(f"{who} cannot train in --precision {training.precision}; it has "
                    f"{_words(can.precisions)}")
     out += optimizer_state_reasons(trainer, training)
+    if training.moments_dtype == "bf16" and p.zero_stage not in can.bf16_moments_zero_stages:
+        out.append(f"{who} keeps bf16 optimizer moments only with zero_stage "
+                   f"{_words([str(z) for z in can.bf16_moments_zero_stages])}")
     if num_microbatches is not None and p.pp > 1:
         stages = p.pp * p.virtual_stages
         if can.microbatches_per_stage and num_microbatches < stages:
@@ -357,8 +360,8 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
-             "moe_a2a_overlap": runs.moe_a2a_overlap,
-             "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
+             "moe_a2a_overlap": runs.moe_a2a_overlap, "fp8_param_gather":
+             runs.fp8_param_gather and training.precision == "fp8",
              "grad_accumulation": runs.grad_accumulation.get(training.precision),
              "zero1_grad_all_reduce": runs.zero1_grad_all_reduce
              if isinstance(runs.zero1_grad_all_reduce, bool) else training.precision == "bf16",
@@ -368,15 +371,14 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
 
 
 def run_kernels(runs: TrainerRuns, precision: str) -> Literal["fused", "eager"]:
-    """The non-GEMM kernels the trainer runs at ``precision``: fused for fp8 where it compiles
-    fp8 runs (``fp8_compiles``), else its ``kernels``."""
+    """Its non-GEMM kernels at ``precision``: fused fp8 if ``fp8_compiles``, else ``kernels``."""
     return "fused" if precision == "fp8" and runs.fp8_compiles else runs.kernels
 
 
 def tp_overlap(runs: TrainerRuns, tp: int, sequence_parallel: bool) -> bool:
     """Whether the trainer overlaps the TP collectives of a plan with this tp and SP."""
-    return bool(runs.tp_comm_overlap and tp > 1
-                and (sequence_parallel or not runs.tp_comm_overlap_needs_sp))
+    return bool(runs.tp_comm_overlap and tp > 1 and (sequence_parallel
+                                                     or not runs.tp_comm_overlap_needs_sp))
 
 
 def _words(values: list) -> str:
@@ -388,12 +390,10 @@ def optimizer_state_reasons(trainer: TrainerSpec, training: TrainingSpec) -> lis
     """Why ``trainer`` cannot keep ``training``'s optimizer state (empty when it can)."""
     can, out = trainer.can.optimizer_states, []
     if training.moments_dtype == "bf16" and "bf16_moments" not in can:
-        out.append(f"{trainer.label} keeps its optimizer moments in fp32 (--moments-dtype "
-                   "bf16 needs a trainer whose profile lists bf16_moments)")
-    master = {"remainder": "remainder", "bf16": "bf16_master"}.get(
-        training.master_weights_dtype)
-    if training.master_weights and master is not None and training.precision != "fp32" \
-            and master not in can:
+        out.append(f"{trainer.label} keeps its optimizer moments in fp32 (--moments-dtype bf16 "
+                   "needs a trainer whose profile lists bf16_moments)")
+    master = {"remainder": "remainder", "bf16": "bf16_master"}.get(training.master_weights_dtype)
+    if training.master_weights and training.precision != "fp32" and master not in (None, *can):
         out.append(f"{trainer.label} keeps fp32 master weights, not "
                    f"master_weights_dtype={training.master_weights_dtype}")
     return out

@@ -54,7 +54,11 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
                         value=training.precision, allowed=list(can.precisions))
     refused = optimizer_state_reasons(trainer, training)
     if refused:
-        raise SpecError(refused[0], field="--moments-dtype", value=training.moments_dtype)
+        moments = "moments" in refused[0]
+        raise SpecError(refused[0], field="--moments-dtype" if moments else
+                        "training.master_weights_dtype",
+                        value=training.moments_dtype if moments else
+                        training.master_weights_dtype)
     if not can.relaxed_sync:
         pinned = relaxed_knobs(constants)
         if pinned:
@@ -141,6 +145,10 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
                       "layer",
                       (ep == 1) | (piped & (v == 1))
                       | (rc == RECOMPUTES.index("full")) | run_level))
+    if training is not None and training.moments_dtype == "bf16":
+        stages = np.array([z in can.bf16_moments_zero_stages for z in range(4)])
+        rules.append((f"{who} keeps bf16 optimizer moments only with ZeRO "
+                      f"{', '.join(map(str, can.bf16_moments_zero_stages))}", ~stages[zero]))
     if can.microbatches_per_stage:
         rules.append((f"{who} needs at least one micro-batch per pipeline stage",
                       piped & (m < pp * v)))
