@@ -24,6 +24,7 @@ from paraplan.export.common import (
     refuse_optimizer_state,
     refuse_relaxed_sync,
 )
+from paraplan.specs.loaders import load_trainer
 from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING, a2a_overlap_needs
 
 TRAINER = "Megatron-LM"
@@ -76,10 +77,11 @@ def _check(ctx: ExportContext) -> None:
     # Megatron-LM arguments.py: --exp-avg-dtype / --exp-avg-sq-dtype (fp32, fp16, bf16, fp8)
     # with --use-precision-aware-optimizer, which runs in the distributed optimizer.
     refuse_optimizer_state(ctx.training, TRAINER, moments=("fp32", "bf16"))
-    if ctx.training.moments_dtype != "fp32" and p.zero_stage != 1:
+    stages = load_trainer("megatron-core").can.bf16_moments_zero_stages  # one source of truth
+    if ctx.training.moments_dtype != "fp32" and p.zero_stage not in stages:
         raise refuse("training.moments_dtype", ctx.training.moments_dtype, TRAINER,
                      "paraplan writes --use-precision-aware-optimizer only with the "
-                     "distributed optimizer (zero_stage=1)")
+                     f"distributed optimizer (zero_stage={', '.join(map(str, stages))})")
     # The rules Megatron's arguments.py shares with check_plan (query groups, SP and
     # interleaving degrees, 2*cp | seq_length, expert-parallel divisibility) were enforced
     # by export_context; what is left is what only Megatron v0.15 cannot run.

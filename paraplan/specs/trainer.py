@@ -297,7 +297,7 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     if training.precision not in can.precisions:
         out.append(f"{who} cannot train in --precision {training.precision}; it has "
                    f"{_words(can.precisions)}")
-    out += optimizer_state_reasons(trainer, training)
+    out += [why for _, _, why in optimizer_state_reasons(trainer, training)]
     if training.moments_dtype == "bf16" and p.zero_stage not in can.bf16_moments_zero_stages:
         out.append(f"{who} keeps bf16 optimizer moments only with zero_stage "
                    f"{_words([str(z) for z in can.bf16_moments_zero_stages])}")
@@ -386,15 +386,15 @@ def _words(values: list) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
-def optimizer_state_reasons(trainer: TrainerSpec, training: TrainingSpec) -> list[str]:
-    """Why ``trainer`` cannot keep ``training``'s optimizer state (empty when it can)."""
+def optimizer_state_reasons(trainer: TrainerSpec, training: TrainingSpec) -> list[tuple]:
+    """(field, value, why) for each optimizer state ``trainer`` cannot keep (none when it can)."""
     can, out = trainer.can.optimizer_states, []
     if training.moments_dtype == "bf16" and "bf16_moments" not in can:
-        out.append(f"{trainer.label} keeps its optimizer moments in fp32 (--moments-dtype bf16 "
-                   "needs a trainer whose profile lists bf16_moments)")
+        out.append(("--moments-dtype", "bf16", f"{trainer.label} keeps its optimizer moments in "
+                    "fp32 (--moments-dtype bf16 needs a trainer whose profile lists bf16_moments)"))
     master = {"remainder": "remainder", "bf16": "bf16_master"}.get(training.master_weights_dtype)
     if training.master_weights and training.precision != "fp32" and master not in (None, *can):
-        out.append(f"{trainer.label} keeps fp32 master weights, not "
-                   f"master_weights_dtype={training.master_weights_dtype}")
+        out.append(("training.master_weights_dtype", training.master_weights_dtype,
+                    f"{trainer.label} keeps fp32 master weights, not "
+                    f"master_weights_dtype={training.master_weights_dtype}"))
     return out
-

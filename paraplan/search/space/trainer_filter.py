@@ -52,13 +52,8 @@ def check_trainer_inputs(trainer: TrainerSpec, model: ModelSpec, training: Train
         raise SpecError(f"{who} cannot train in --precision {training.precision}; it has "
                         f"{', '.join(can.precisions)}", field="--precision",
                         value=training.precision, allowed=list(can.precisions))
-    refused = optimizer_state_reasons(trainer, training)
-    if refused:
-        moments = "moments" in refused[0]
-        raise SpecError(refused[0], field="--moments-dtype" if moments else
-                        "training.master_weights_dtype",
-                        value=training.moments_dtype if moments else
-                        training.master_weights_dtype)
+    for field, value, why in optimizer_state_reasons(trainer, training):
+        raise SpecError(why, field=field, value=value)
     if not can.relaxed_sync:
         pinned = relaxed_knobs(constants)
         if pinned:
