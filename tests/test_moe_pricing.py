@@ -11,7 +11,7 @@ import pytest
 from paraplan.simulator import collectives as coll
 from paraplan.simulator import moe
 from paraplan.simulator.compute import Device
-from paraplan.simulator.elementwise import elementwise_bytes_per_token
+from paraplan.simulator.elementwise import ACTIVATION_KERNEL_COST, elementwise_bytes_per_token
 from paraplan.simulator.layer import compose_layer_cost, layer_parts
 from paraplan.simulator.memory import layer_activation_bytes
 from paraplan.specs.loaders import load_cluster, load_model, load_trainer
@@ -151,7 +151,9 @@ def test_imbalance_scales_the_busiest_rank() -> None:
     # The busiest rank's expert activation (SwiGLU on its rows) scales with the load; the
     # permute of the rank's own tokens and the rest of the layer do not.
     fused = dict(moe=True)
-    gated = 6.0 * model.expert_ffn * moe.routed_copies_per_token(model, plan)  # 16-bit bytes
+    # 16-bit bytes, at the gated activation kernel's measured cost (copy-equivalent bytes)
+    gated = 6.0 * ACTIVATION_KERNEL_COST["gated"] * model.expert_ffn \
+        * moe.routed_copies_per_token(model, plan)
     diff = elementwise_bytes_per_token(model, skew, plan, **fused) \
         - elementwise_bytes_per_token(model, even, plan, **fused)
     assert diff == pytest.approx(0.5 * gated)

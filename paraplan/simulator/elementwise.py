@@ -24,6 +24,21 @@ GLU_CLAMP_BYTES = {"fused": 16.0, "eager": 20.0}
 # ``torch.cat``): write b * p (2), read both and write (6), the concatenation (4); an eager
 # stack's indexed bias add writes the gathered bias (2) and adds (6).
 EXPERT_BIAS_BYTES = {"fused": 12.0, "eager": 8.0}
+# Single-kernel norms and activations do not stream at a copy's bandwidth: each row's
+# reduction (norms) or the transcendental math and two inputs (gated activations) hold them
+# below it. Measured on an H200 at its power-limited clock (benchmarks/device/
+# measure_h200_kernels.py, results/h200_kernels_2026-11-28.json; PyTorch 2.11 native
+# kernels, 64 Mi bf16 elements, forward + backward against the bytes counted here, 3x the
+# forward's): LayerNorm 0.41-0.52 of HBM peak over h = 768..8192 (mean 0.45), RMSNorm
+# 0.47-0.56 (0.52), GELU 0.80, SiLU-and-multiply 0.56, while a residual add reaches 0.89 and a
+# copy 0.81-0.85, the ``memory_bandwidth_efficiency`` every profile prices memory-bound work
+# at (0.9). So a fused norm's bytes cost 0.9 / 0.45 = 2.0x (RMSNorm 0.9 / 0.52 = 1.73x) and a
+# fused activation's 0.9 / 0.80 = 1.12x (gated: 0.9 / 0.56 = 1.6x) copy-equivalent bytes. Only
+# PyTorch's native kernels were measured (no Transformer Engine on the lent machine); fused
+# stacks' norm and activation kernels are priced the same. Eager stacks' many small kernels
+# (fp32 RMSNorm, silu then multiply) are counted kernel by kernel at copy speed already.
+NORM_KERNEL_COST = {"layernorm": 0.9 / 0.45, "rmsnorm": 0.9 / 0.52}
+ACTIVATION_KERNEL_COST = {"gated": 0.9 / 0.56, "plain": 0.9 / 0.80}
 
 
 def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -49,9 +64,11 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     t = plan.tp
     sp = t if plan.sequence_parallel else 1
     eager = training.kernels == "eager"
-    norm = 36.0 if (eager and model.norm == "rmsnorm") else 4.0
+    eager_norm = eager and model.norm == "rmsnorm"
+    norm = 36.0 if eager_norm else 4.0 * NORM_KERNEL_COST[model.norm]
     gated = model.mlp_matrices == 3
-    act = (10.0 if eager else 6.0) if gated else 4.0
+    act = (10.0 if eager else 6.0 * ACTIVATION_KERNEL_COST["gated"]) if gated else \
+        4.0 * ACTIVATION_KERNEL_COST["plain"]
     if gated and model.glu_clamp:
         act += GLU_CLAMP_BYTES["eager" if eager else "fused"]
     rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from paraplan.executor.calibrate.fit import COLD_BYTES, COLD_SETS
+from paraplan.simulator.elementwise import ACTIVATION_KERNEL_COST, NORM_KERNEL_COST
 
 
 def median_time(op: Callable[[], object], repeats: int) -> float:
@@ -63,10 +64,13 @@ def attention_seconds(b: int, heads: int, s: int, d: int, repeats: int) -> tuple
 
 
 def elementwise_bytes(tokens: int, hidden: int, ffn: int) -> float:
-    """Bytes the simulator counts for one layer's eager fp32 elementwise ops, forward plus
-    backward (2x forward): two LayerNorms (4 B/element), two residual adds (6) and GELU (4)
-    at 16-bit sizes, doubled for fp32 (``elementwise_bytes_per_token``)."""
-    per_token = (2 * 4.0 + 2 * 6.0) * hidden + 4.0 * ffn
+    """Copy-equivalent bytes the simulator counts for one layer's fp32 elementwise ops,
+    forward plus backward (2x forward): two LayerNorms (4 B/element at the norm kernel's
+    cost), two residual adds (6) and GELU (4 at the activation kernel's cost) at 16-bit
+    sizes, doubled for fp32 (``elementwise_bytes_per_token``), so the bandwidth fitted from
+    their time prices the same count back to the same time."""
+    per_token = (2 * 4.0 * NORM_KERNEL_COST["layernorm"] + 2 * 6.0) * hidden \
+        + 4.0 * ACTIVATION_KERNEL_COST["plain"] * ffn
     return 3.0 * tokens * per_token * 2.0
 
 

@@ -1,0 +1,41 @@
+"""The simulator's measured kernel constants follow from the measurement files they cite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paraplan.simulator.elementwise import ACTIVATION_KERNEL_COST, NORM_KERNEL_COST
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+H200_PEAK_BPS = 4.8e12  # NVIDIA H200 SXM datasheet, hardware_profiles/gpus/h200.yaml
+PROFILE_EFFICIENCY = 0.9  # memory_bandwidth_efficiency of the profiles (copy-class kernels)
+
+
+def _fraction_of_peak(op: str, fwd_bytes: float) -> list[float]:
+    """Forward + backward bandwidth of ``op`` against 3x its forward bytes (the simulator's
+    count), as a fraction of HBM peak, one value per measured hidden size."""
+    data = json.loads((RESULTS / "h200_kernels_2026-11-28.json").read_text())
+    out = []
+    for row in data["elementwise_native"]:
+        seconds = row[op]["fwd_bwd_s"]
+        out.append(3.0 * fwd_bytes * row["elements"] / seconds / H200_PEAK_BPS)
+    return out
+
+
+def test_norm_and_activation_costs_match_the_h200_measurement() -> None:
+    ln = _fraction_of_peak("layer_norm", 4.0)
+    rms = _fraction_of_peak("rms_norm", 4.0)
+    gelu = _fraction_of_peak("gelu", 4.0)
+    swiglu = _fraction_of_peak("swiglu", 6.0)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert PROFILE_EFFICIENCY / mean(ln) == pytest.approx(NORM_KERNEL_COST["layernorm"], rel=0.03)
+    assert PROFILE_EFFICIENCY / mean(rms) == pytest.approx(NORM_KERNEL_COST["rmsnorm"], rel=0.03)
+    assert PROFILE_EFFICIENCY / mean(gelu) == pytest.approx(ACTIVATION_KERNEL_COST["plain"],
+                                                           rel=0.03)
+    assert PROFILE_EFFICIENCY / mean(swiglu) == pytest.approx(ACTIVATION_KERNEL_COST["gated"],
+                                                             rel=0.03)
+    # Every norm and activation ran below a copy's bandwidth, at every hidden size.
+    assert max(ln + rms + gelu + swiglu) < PROFILE_EFFICIENCY
