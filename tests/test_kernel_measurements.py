@@ -39,3 +39,23 @@ def test_norm_and_activation_costs_match_the_h200_measurement() -> None:
                                                              rel=0.03)
     # Every norm and activation ran below a copy's bandwidth, at every hidden size.
     assert max(ln + rms + gelu + swiglu) < PROFILE_EFFICIENCY
+
+
+def test_attention_shape_factors_match_the_h200_flash_attention_runs() -> None:
+    from paraplan.simulator.attention_shape import attention_shape_factors
+
+    data = json.loads((RESULTS / "h200_kernels_2026-11-28.json").read_text())
+    runs = {(r["s"], r["d"]): r["flash"] for r in data["attention"]}
+    ref = runs[(8192, 128)]
+    for (s, d), run in runs.items():
+        fwd, bwd = attention_shape_factors(s, d)
+        # Each measured shape's throughput relative to the long, 128-wide run (the separable
+        # rule reproduces every measured point within a few percent).
+        assert fwd == pytest.approx(run["fwd_tflops"] / ref["fwd_tflops"], rel=0.05), (s, d)
+        assert bwd == pytest.approx(run["bwd_tflops_2.5x"] / ref["bwd_tflops_2.5x"],
+                                    rel=0.06), (s, d)
+    # Monotone: longer calls and wider heads never run slower; clamped outside the range.
+    assert attention_shape_factors(512, 64) == attention_shape_factors(1024, 64)
+    assert attention_shape_factors(1 << 20, 256) == (1.0, 1.0)
+    seq = [attention_shape_factors(2.0 ** e, 128) for e in (10, 10.5, 11, 11.5, 12, 13)]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(seq, seq[1:], strict=False))

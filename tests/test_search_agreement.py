@@ -28,10 +28,13 @@ def test_ilp_and_dp_match_or_beat_the_exhaustive_optimum(model, cluster, nodes, 
     ex, dp, ilp = (search(m, c, tr, searcher=s, top=1, fix=fix).best
                    for s in ("exhaustive", "dp", "ilp"))
     # The DP and the ILP split layers exactly; the exhaustive grid holds even and near-even
-    # splits only. Neither may lose to it, and they find the same optimum.
+    # splits only. Neither may lose to it. Both objectives are blind to the order of the
+    # stages' layer counts, which the 1F1B timeline is not (the ILP re-times adjacent swaps
+    # of its answer), so they agree to the order effect, not to rounding (gpt3-760m on 4
+    # p3.16xlarge: DP [6, 7, 7, 4] 0.8015 s, ILP [7, 7, 6, 4] 0.7993 s).
     assert dp.step_time_s <= ex.step_time_s * (1 + 1e-9)
     assert ilp.step_time_s <= ex.step_time_s * (1 + 1e-9)
-    assert ilp.step_time_s == pytest.approx(dp.step_time_s, rel=1e-9)
+    assert ilp.step_time_s == pytest.approx(dp.step_time_s, rel=5e-3)
     if ex.plan["pp"] == 1 and dp.plan["pp"] == 1:  # nothing to split: the same optimum
         assert ilp.step_time_s == pytest.approx(ex.step_time_s, rel=1e-12)
     for rep in (ex, dp, ilp):  # every reported number is simulate's own

@@ -4,7 +4,8 @@ GEMMs run at ``max(flops / (peak * matmul_efficiency), bytes / effective_bandwid
 per-kernel overhead, so small or skinny GEMMs become memory- or launch-bound on their own
 (Williams et al. 2009, "Roofline"). Fused attention runs at a fraction of the GEMM efficiency
 (FlashAttention-2, Dao 2023, sec 4.1: 73% of peak forward and 63% backward on A100 versus ~87%
-for cuBLAS GEMMs, i.e. 0.84x and 0.72x). Norms, activations, residual adds, rotary
+for cuBLAS GEMMs, i.e. 0.84x and 0.72x), less on short calls and narrow heads
+(``attention_shape``, measured). Norms, activations, residual adds, rotary
 embeddings, softmax (without flash) and the optimizer step are memory-bound and run at the
 achievable memory bandwidth. One set of parameters per GPU profile; nothing is fitted per run.
 All times are seconds.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from paraplan.simulator import moe as routing
+from paraplan.simulator.attention_shape import attention_shape_factors
 from paraplan.simulator.copies import eager_ring_bytes
 from paraplan.simulator.elementwise import elementwise_bytes_per_token
 from paraplan.simulator.grads import grad_accumulation_time
@@ -271,10 +273,12 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
         # FlashAttention-1-class kernels run at about half of FlashAttention-2's throughput.
         version = 1.0 if training.flash_attention_version == 2 else 2.0
         run = run_keys / keys  # causal (and windowed) blocks skipped
-        attn_fwd = version * run * score_flops / device.attention_fwd_flops
+        # Short calls and narrow heads run below the long-sequence efficiency (measured).
+        f_fwd, f_bwd = attention_shape_factors(s_q, att.qk_head)
+        attn_fwd = version * run * score_flops / (device.attention_fwd_flops * f_fwd)
         # FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs, the
         # accounting under which its published backward efficiency holds (Dao 2023, sec 4.1).
-        attn_bwd = version * 2.5 * run * score_flops / device.attention_bwd_flops
+        attn_bwd = version * 2.5 * run * score_flops / (device.attention_bwd_flops * f_bwd)
     else:
         elems = b * heads * s_q * keys
         softmax_bytes = elems * (12.0 if training.dropout else 6.0)  # write, read, write (+drop)

@@ -34,6 +34,24 @@ from paraplan.specs.trainer import TrainerSpec, trainer_reasons
 from paraplan.specs.training import TrainingSpec
 
 
+def _key(plan: ParallelPlan) -> tuple:
+    """What tells two re-timed plans of one ILP answer apart."""
+    return plan.schedule, tuple(plan.layers_per_stage or ())
+
+
+def _adjacent_swaps(plan: ParallelPlan, stage_types: list[str]) -> list[list[int]]:
+    """``plan``'s layer split with each pair of adjacent stages of one GPU type and unequal
+    layer counts swapped (the same ILP objective)."""
+    layers = list(plan.layers_per_stage or ())
+    out = []
+    for k in range(len(layers) - 1):
+        if stage_types[k] == stage_types[k + 1] and layers[k] != layers[k + 1]:
+            swapped = layers.copy()
+            swapped[k], swapped[k + 1] = swapped[k + 1], swapped[k]
+            out.append(swapped)
+    return out
+
+
 def _baseline(ctx: Ctx, fix: dict[str, Any], trainer: TrainerSpec | None = None
               ) -> tuple[float | None, ParallelPlan | None]:
     """Best even-split plan on the original rank order (``simulate``; every stage paced by
@@ -246,17 +264,31 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
                     # the weight-gradient pass fills the cool-down bubble) is re-timed by
                     # simulate and kept when it is faster.
                     best_rep, best_plan = None, sol.plan
-                    for plan in (sol.plan, sol.plan.model_copy(update={"schedule": "zb-h1"})):
-                        if plan.schedule != "1f1b" and (plan.pp == 1 or "schedule" in fixed or (
-                                trainer is not None and "zb-h1" not in trainer.can.schedules)):
-                            continue
-                        plan = _runnable(plan, trainer, ctx)
-                        if plan is None:
-                            continue
-                        rep = simulate(model, sol.cluster, training, plan)
-                        if rep.feasible and (best_rep is None
-                                             or rep.step_time_s < best_rep.step_time_s):
-                            best_rep, best_plan = rep, plan
+                    tried: set[tuple] = set()
+                    splits = [sol.layers_per_stage]
+                    while splits:
+                        # The objective ignores the order of same-type stages, the timeline
+                        # does not: swaps of adjacent same-type stages' layer counts are
+                        # re-timed by simulate while they improve (ties broken by it).
+                        improved = False
+                        for split in splits:
+                            base = sol.plan.model_copy(update={"layers_per_stage": split})
+                            for plan in (base, base.model_copy(update={"schedule": "zb-h1"})):
+                                if plan.schedule != "1f1b" and (
+                                        plan.pp == 1 or "schedule" in fixed or (
+                                        trainer is not None
+                                        and "zb-h1" not in trainer.can.schedules)):
+                                    continue
+                                plan = _runnable(plan, trainer, ctx)
+                                if plan is None or _key(plan) in tried:
+                                    continue
+                                tried.add(_key(plan))
+                                rep = simulate(model, sol.cluster, training, plan)
+                                if rep.feasible and (best_rep is None
+                                                     or rep.step_time_s < best_rep.step_time_s):
+                                    best_rep, best_plan, improved = rep, plan, True
+                        splits = _adjacent_swaps(best_plan, sol.stage_gpu_types) \
+                            if improved else []
                     if best_rep is not None:
                         best_rep.extra.update(formulation="pipeline", idle_gpus=sol.idle_gpus,
                                               ilp_stage_times_s=sol.stage_times_s)
