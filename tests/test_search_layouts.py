@@ -99,15 +99,17 @@ def test_search_returns_nvidias_405b_gb200_layout_and_megatron_can_run_it():
 
 
 @pytest.mark.parametrize("case", [
-    ("llama3-405b", "dgx-h100", 32, 512, 4096, {}),
-    ("deepseek-moe-16b", "dgx-h100", 2, 128, 4096, {"moe_a2a_overlap": True}),
-    ("llama2-13b", "dgx-h100", 4, 256, 4096, {}),
+    ("llama3-405b", "dgx-h100", 32, 512, 4096, {}, 0.9),
+    # pp up to 64 with few micro-batches: the fill and drain the bound counts dominate
+    ("llama3-405b", "dgx-h100", 2048, 2048, 8192, {}, 0.85),
+    ("deepseek-moe-16b", "dgx-h100", 2, 128, 4096, {"moe_a2a_overlap": True}, 0.9),
+    ("llama2-13b", "dgx-h100", 4, 256, 4096, {}, 0.9),
 ])
 def test_the_lower_bound_never_exceeds_what_simulate_returns(case) -> None:
     """``Evaluation.lower_s`` (the searchers' stop rule) is at most the step time
     ``simulate`` gives, on every schedule, with uneven and accounted splits and the MoE
     all-to-all overlap; it is the step time itself where that is exact."""
-    name, cluster, nodes, batch, seq, more = case
+    name, cluster, nodes, batch, seq, more, tight = case
     model, cl = load_model(name), load_cluster(cluster, nodes=nodes)
     tr = TrainingSpec(global_batch_size=batch, seq_len=seq, **more)
     space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=2))
@@ -122,4 +124,4 @@ def test_the_lower_bound_never_exceeds_what_simulate_returns(case) -> None:
         assert ev.lower_s[i] <= rep.step_time_s * (1 + 1e-9), space.plan(i).short()
         if ev.feasible[i]:
             ratios.append(ev.lower_s[i] / rep.step_time_s)
-    assert ratios and float(np.median(ratios)) > 0.9  # tight enough to prune
+    assert ratios and float(np.median(ratios)) > tight  # tight enough to prune
