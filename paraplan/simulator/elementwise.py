@@ -34,8 +34,9 @@ EXPERT_BIAS_BYTES = {"fused": 12.0, "eager": 8.0}
 # copy 0.81-0.85, the ``memory_bandwidth_efficiency`` every profile prices memory-bound work
 # at (0.9). So a fused norm's bytes cost 0.9 / 0.45 = 2.0x (RMSNorm 0.9 / 0.52 = 1.73x) and a
 # fused activation's 0.9 / 0.80 = 1.12x (gated: 0.9 / 0.56 = 1.6x) copy-equivalent bytes. Only
-# PyTorch's native kernels were measured (no Transformer Engine on the lent machine); fused
-# stacks' norm and activation kernels are priced the same. Eager stacks' many small kernels
+# PyTorch's native kernels on one H200 were measured (no Transformer Engine on the lent
+# machine): fused stacks' norm and activation kernels, and every other GPU, are priced with
+# the same fractions of their own achievable bandwidth. Eager stacks' many small kernels
 # (fp32 RMSNorm, silu then multiply) are counted kernel by kernel at copy speed already.
 NORM_KERNEL_COST = {"layernorm": 0.9 / 0.45, "rmsnorm": 0.9 / 0.52}
 ACTIVATION_KERNEL_COST = {"gated": 0.9 / 0.56, "plain": 0.9 / 0.80}
