@@ -407,3 +407,22 @@ def test_ilp_returns_only_what_the_trainer_runs_and_so_does_its_baseline():
             m = 256 // (plan.resolved_dp(64) * plan.micro_batch_size)
             assert not trainer_reasons(trainer, model, tr, plan, m), (name, rep.plan)
         assert res.best.step_time_s <= res.baseline_step_time_s * (1 + 1e-12)
+
+
+def test_the_ilp_answer_is_no_slower_than_its_adjacent_stage_swaps():
+    """The pipeline ILP's objective is blind to the order of same-type stages' layer counts;
+    the searcher re-times adjacent swaps, so none of them beats what it returns."""
+    from paraplan.search import search
+
+    m = load_model("gpt3-760m")
+    c = load_cluster("aws-p3.16xlarge", nodes=4)
+    tr = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
+    best = search(m, c, tr, searcher="ilp", top=1, fix="schedule=1f1b,vpp=1").best
+    plan = ParallelPlan(**best.plan)
+    layers = list(plan.layers_per_stage or [])
+    assert len(layers) > 2 and len(set(layers)) > 1  # an uneven split with something to swap
+    for k in range(len(layers) - 1):
+        swapped = layers.copy()
+        swapped[k], swapped[k + 1] = swapped[k + 1], swapped[k]
+        rep = simulate(m, c, tr, plan.model_copy(update={"layers_per_stage": swapped}))
+        assert not rep.feasible or rep.step_time_s >= best.step_time_s * (1 - 1e-12)
