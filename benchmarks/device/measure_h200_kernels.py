@@ -11,12 +11,10 @@ Writes one JSON (``--out``)."""
 from __future__ import annotations
 
 import argparse
-import json
-import time
-import traceback
 
 import torch
 import torch.nn.functional as F
+from common import heat, run_sections
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -41,15 +39,6 @@ def gpu_time(fn, seconds: float = 0.25) -> float:
     e1.record()
     torch.cuda.synchronize()
     return e0.elapsed_time(e1) / 1e3 / n
-
-
-def heat(seconds: float) -> None:
-    a = torch.randn(8192, 8192, device=DEV, dtype=BF16)
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        for _ in range(50):
-            a @ a
-        torch.cuda.synchronize()
 
 
 def attention() -> list:
@@ -124,17 +113,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    for sec, fn in (("attention", attention), ("elementwise_native", lambda: elementwise(False)),
-                    ("elementwise_compiled", lambda: elementwise(True))):
-        t0 = time.perf_counter()
-        try:
-            res[sec] = fn()
-        except Exception:  # noqa: BLE001
-            res[sec] = {"error": traceback.format_exc()[-2000:]}
-        res.setdefault("elapsed_s", {})[sec] = time.perf_counter() - t0
-        print(sec, "done in", round(time.perf_counter() - t0, 1), "s", flush=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1, default=str)
+    run_sections(args.out, res, [("attention", attention),
+                                 ("elementwise_native", lambda: elementwise(False)),
+                                 ("elementwise_compiled", lambda: elementwise(True))])
 
 
 if __name__ == "__main__":
