@@ -14,12 +14,16 @@ H200_PEAK_BPS = 4.8e12  # NVIDIA H200 SXM datasheet, hardware_profiles/gpus/h200
 PROFILE_EFFICIENCY = 0.9  # memory_bandwidth_efficiency of the profiles (copy-class kernels)
 
 
+def _h200_kernels() -> dict:
+    """The H200 attention and memory-bound kernel measurements."""
+    return json.loads((RESULTS / "h200_kernels_2026-11-28.json").read_text())
+
+
 def _fraction_of_peak(op: str, fwd_bytes: float) -> list[float]:
     """Forward + backward bandwidth of ``op`` against 3x its forward bytes (the simulator's
     count), as a fraction of HBM peak, one value per measured hidden size."""
-    data = json.loads((RESULTS / "h200_kernels_2026-11-28.json").read_text())
     out = []
-    for row in data["elementwise_native"]:
+    for row in _h200_kernels()["elementwise_native"]:
         seconds = row[op]["fwd_bwd_s"]
         out.append(3.0 * fwd_bytes * row["elements"] / seconds / H200_PEAK_BPS)
     return out
@@ -44,8 +48,7 @@ def test_norm_and_activation_costs_match_the_h200_measurement() -> None:
 def test_attention_shape_factors_match_the_h200_flash_attention_runs() -> None:
     from paraplan.simulator.attention_shape import attention_shape_factors
 
-    data = json.loads((RESULTS / "h200_kernels_2026-11-28.json").read_text())
-    runs = {(r["s"], r["d"]): r["flash"] for r in data["attention"]}
+    runs = {(r["s"], r["d"]): r["flash"] for r in _h200_kernels()["attention"]}
     ref = runs[(8192, 128)]
     for (s, d), run in runs.items():
         fwd, bwd = attention_shape_factors(s, d)

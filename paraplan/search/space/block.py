@@ -252,37 +252,38 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     bubble = np.maximum(0.0, span - m * fb_c - pp_comm)
 
     need = (cp * dp > 1) | (e_dp > 1)
+    # FSDP's units: ZeRO-3, and ZeRO-2 where it is FSDP's (it re-gathers every micro-batch:
+    # zero2_regather), gather and reduce-scatter per layer (simulator.step).
+    z3 = (z == 3) | ((z == 2) & training.zero2_regather)
+    g = ctx.ginv[idx]
+    e = ctx.einv[idx]
+    gb = ctx.grad_bytes[idx]
+    gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
+    # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params in rings
+    # (dp_sync.grad_sync_parts), DeepSpeed's bf16 ZeRO-1 all-reduces the grads in full.
+    z12 = (z == 1) | (z == 2)
+    bucket = dp_bucket_elements(dp, training.ddp_bucket_size)  # parameters per bucket
+    rs_grads = z12 & ~((z == 1) & training.zero1_grad_all_reduce)
+    shard = np.where(z >= 1, (dp * cp).astype(float), 1.0)
+    eshard = np.where(z >= 1, e_dp.astype(float), 1.0)
 
-    def tail(col: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _reduce(ar_l: np.ndarray, rs_l: np.ndarray, ag_l: np.ndarray, count: np.ndarray,
+                pbytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
+        buckets = count / bucket if ctx.overlap else np.ones_like(count)
+        lines = np.where(rs_grads[:, None, None], rs_l, ar_l)  # one line set per plan
+        grads = _chunked(lines, count * gb, buckets)
+        return grads, np.where(z12, _chunked(ag_l, count * pbytes, buckets), 0.0)
+
+    def tail(col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """What simulate charges after the span on the stage class ``col`` of each row:
-        (DP time, ZeRO-3 exposure, optimizer, FSDP copies, the DP sync's collectives)."""
+        (DP time, ZeRO-3 exposure, optimizer, FSDP copies)."""
         dense0, exp0 = dense_r[rows, col], exp_r[rows, col]
         units = np.maximum(1.0, layers[col])
-        # FSDP's units: ZeRO-3, and ZeRO-2 where it is FSDP's (it re-gathers every micro-batch:
-        # zero2_regather), gather and reduce-scatter per layer (simulator.step).
-        z3 = (z == 3) | ((z == 2) & training.zero2_regather)
-        g = ctx.ginv[idx]
-        gb = ctx.grad_bytes[idx]
-        gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
         gather = _chunked(ctx.ag[g], dense0 * gbytes, units)
         scatter = _chunked(ctx.rs[g], dense0 * gb, units)
-        # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params in rings
-        # (dp_sync.grad_sync_parts), DeepSpeed's bf16 ZeRO-1 all-reduces the grads in full.
-        z12 = (z == 1) | (z == 2)
-        bucket = dp_bucket_elements(dp, training.ddp_bucket_size)  # parameters per bucket
-        rs_grads = z12 & ~((z == 1) & training.zero1_grad_all_reduce)
-
-        def _reduce(ar_l: np.ndarray, rs_l: np.ndarray, ag_l: np.ndarray, count: np.ndarray,
-                    pbytes: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-            """(gradient part, parameter part) as dp_sync.grad_sync_parts."""
-            buckets = count / bucket if ctx.overlap else np.ones_like(count)
-            lines = np.where(rs_grads[:, None, None], rs_l, ar_l)  # one line set per plan
-            grads = _chunked(lines, count * gb, buckets)
-            return grads, np.where(z12, _chunked(ag_l, count * pbytes, buckets), 0.0)
-
         g_part, p_part = _reduce(ctx.ar[g], ctx.rs[g], ctx.ag[g], dense0, gbytes)
         if model.is_moe:
-            e = ctx.einv[idx]
             has = exp0 != 0
             gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
             scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
@@ -307,15 +308,12 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
         dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
         zero3 = np.where(need & z3, z3_exp, 0.0)
-        shard = np.where(z >= 1, (dp * cp).astype(float), 1.0)
-        eshard = np.where(z >= 1, e_dp.astype(float), 1.0)
         opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
-
         # FSDP copies every micro-batch (simulator.copies.fsdp_copy_bytes_per_param).
         copies = np.where(need, m * (dense0 + exp0) * ctx.fsdp_coef[z], 0.0)
-        return dp_time, zero3, opt, copies, sync
+        return dp_time, zero3, opt, copies
 
-    dp_time, zero3, opt, copies, _ = tail(crit)
+    dp_time, zero3, opt, copies = tail(crit)
 
     out_step[idx] = span + dp_time + zero3 + opt + copies
     comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
@@ -341,7 +339,8 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # before it only add time, so they are left out. What follows the span (DP sync, ZeRO-3
     # exposure, optimizer, FSDP copies) is what simulate charges on the critical stage, or
     # on any stage that ties it (the least of those).
-    before = (np.cumsum(cls, axis=0) - cls)[rr]  # stages before each class's first, by class
+    prefix = np.cumsum(cls, axis=0) - cls  # stages before each stage, by class
+    before = prefix[rr]  # ... before each class's first stage
     fill = np.einsum("ij,ij->i", f0 + b0 - w, before[crit]) / v
     # And whatever the schedule, the first micro-batch's forward runs through every chunk of
     # every stage and its input-gradient backward back through them all: a dependency chain
@@ -352,7 +351,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # input-gradient pass (all its work but deferrable weight gradients) still has to pass
     # them back. This counts the pipeline's fill and drain where the critical class comes
     # first (the embedding's stage).
-    upto = (np.cumsum(cls, axis=0) - cls)[lasts]  # stages before each class's last, by class
+    upto = prefix[lasts]  # stages before each class's last, by class
     f_before, b_before = f0 @ upto.T / v, (b0 - w) @ upto.T / v  # (rows, classes)
     per_rank = f_before + np.maximum(m[:, None] * fb, m[:, None] * (fb - w) + b_before)
     zb = sched == SCHEDULES.index("zb-h1")
@@ -366,8 +365,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         for j in range(fb.shape[1]):
             alt = ties[:, j] & (crit != j)
             if alt.any():
-                parts = tail(np.full(len(idx), j))
-                after = np.where(alt, np.minimum(after, sum(parts[:4])), after)
+                after = np.where(alt, np.minimum(after, sum(tail(np.full(len(idx), j)))), after)
     span_low = np.maximum(np.where(zb, 0.0, m * fb_c + fill),
                           np.maximum(chain, per_rank.max(axis=1)))
     out_lower[idx] = np.where(c["uneven"][idx] == 1, span_low + after, out_step[idx])
