@@ -289,6 +289,10 @@ def ilp_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *
                                     best_rep, best_plan, improved = rep, plan, True
                         splits = _adjacent_swaps(best_plan, sol.stage_gpu_types) \
                             if improved else []
+                    kept = best_plan.layers_per_stage
+                    if kept is not None and kept != sol.layers_per_stage:
+                        # A swap won: the ILP's stage times and objective in its order.
+                        sol = pipeline_solution(ctx, inp, sol.stage_gpu_types, kept, rec)
                     if best_rep is not None:
                         best_rep.extra.update(formulation="pipeline", idle_gpus=sol.idle_gpus,
                                               ilp_stage_times_s=sol.stage_times_s)
