@@ -183,3 +183,33 @@ def test_calibrate_quick_on_this_machine(quick_calibration, tmp_path):
     path = tmp_path / "me.yaml"
     path.write_text(calibration_cluster_yaml(meas))
     assert load_cluster(str(path)).num_gpus == 2
+
+
+def test_fitted_attention_gives_back_the_measured_times(tmp_path):
+    """A kernel that slows on short calls as the simulator's shape rule says (here 10 GFLOP/s
+    at long sequences, forward and backward) is fitted to its long-sequence efficiency, so the
+    simulator's attention time at each calibration shape is the measured one."""
+    from paraplan.executor.calibrate import ATTENTION_SHAPES, attention_flops
+    from paraplan.simulator.attention_shape import attention_shape_factors
+    from paraplan.simulator.compute import attention_times
+
+    meas = measurements()
+    meas["attention"] = []
+    for b, heads, s, d in ATTENTION_SHAPES:
+        f, bw = attention_shape_factors(s, d)
+        f_flops, b_flops = attention_flops(b, heads, s, d)
+        meas["attention"].append({"b": b, "heads": heads, "s": s, "d": d,
+                                  "forward_seconds": f_flops / (0.01e12 * f),
+                                  "backward_seconds": b_flops / (0.01e12 * bw),
+                                  "forward_tflops": 0.01 * f, "backward_tflops": 0.01 * bw})
+    path = tmp_path / "box.yaml"
+    path.write_text(calibration_cluster_yaml(meas, name="box"))
+    device = Device.of(load_cluster(str(path)).gpu, "fp32")
+    for a in meas["attention"]:
+        model = ModelSpec(name="m", num_layers=1, hidden_size=a["heads"] * a["d"],
+                          num_attention_heads=a["heads"], ffn_hidden_size=64, vocab_size=64)
+        training = TrainingSpec(global_batch_size=a["b"], seq_len=a["s"], precision="fp32")
+        _, fwd, bwd = attention_times(model, training, parse_plan(f"mbs={a['b']}"), device)
+        # (the profile keeps 4 significant digits of the efficiencies)
+        assert fwd == pytest.approx(a["forward_seconds"], rel=1e-3)
+        assert bwd == pytest.approx(a["backward_seconds"], rel=1e-3)

@@ -14,6 +14,7 @@ from paraplan.executor.calibrate.fit import (
     gemm_grid,
     sig,
 )
+from paraplan.simulator.attention_shape import attention_shape_factors
 
 
 class _Dumper(yaml.SafeDumper):
@@ -56,12 +57,18 @@ def calibration_cluster_yaml(measurements: dict, name: str = "this-machine", *,
     mem_GBps = measurements["memory"]["bandwidth_Bps"] / 1e9
     threads = measurements.get("threads_per_rank", 1)
     # Fused attention and eager elementwise kernels: medians over the measured shapes, as
-    # fractions of the GEMM peak and of the copy bandwidth (capped at 1).
+    # fractions of the GEMM peak and of the copy bandwidth (capped at 1). The simulator prices
+    # attention at the profile's efficiency times its short-call / narrow-head factor
+    # (``attention_shape``), so each shape's rate is divided by that factor first: the
+    # profile then gives back the measured times at the measured shapes.
     attn = measurements.get("attention") or []
     eff_f = eff_b = None
     if attn:
-        eff_f = min(1.0, statistics.median(a["forward_tflops"] for a in attn) / peak)
-        eff_b = min(1.0, statistics.median(a["backward_tflops"] for a in attn) / peak)
+        factors = [attention_shape_factors(a["s"], a["d"]) for a in attn]
+        eff_f = min(1.0, statistics.median(
+            a["forward_tflops"] / f[0] for a, f in zip(attn, factors, strict=True)) / peak)
+        eff_b = min(1.0, statistics.median(
+            a["backward_tflops"] / f[1] for a, f in zip(attn, factors, strict=True)) / peak)
     elem = measurements.get("elementwise") or []
     mem_eff = 1.0
     if elem:
