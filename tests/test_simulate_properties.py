@@ -60,3 +60,23 @@ def test_higher_zero_stage_never_needs_more_state_memory(plan, stage):
         return
     for key in ("weights", "grads", "optimizer"):
         assert hi.memory_gb[key] <= lo.memory_gb[key] + 1e-9
+
+
+@settings(max_examples=80, deadline=None)
+@given(plans, st.sampled_from(["llama3-8b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-20b"]),
+       st.sampled_from([1, 2, 3, 8]), st.booleans(), st.sampled_from(["bf16", "fp8"]))
+def test_layer_activation_bytes_are_linear_in_the_micro_batch(plan, name, mbs, moe, precision):
+    """The search prices a layer's activations at one sequence and scales by the micro-batch
+    (``search.space.evaluate._activation_table``): that needs every term to be linear in it,
+    reading neither ``micro_batch`` nor the plan's micro-batch size otherwise."""
+    from paraplan.simulator.memory import layer_activation_bytes
+
+    model = load_model(name)
+    moe = moe and model.is_moe
+    tr = TrainingSpec(global_batch_size=64, seq_len=4096, precision=precision,
+                      flash_attention=plan.tp != 8)
+    one = layer_activation_bytes(model, tr, plan.model_copy(update={"micro_batch_size": 1}), 1,
+                                 moe=moe)
+    many = layer_activation_bytes(model, tr, plan.model_copy(update={"micro_batch_size": mbs}),
+                                  mbs, moe=moe)
+    assert many == pytest.approx(mbs * one, rel=1e-12)

@@ -326,8 +326,11 @@ def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray
                       memo: dict[tuple, float]) -> np.ndarray:
     """``memory.layer_activations`` of each key as (dense, moe, working) bytes, each part
     computed once per the plan fields it reads: the dense layer's not per ep/etp, the
-    recompute working set (the layer without recompute) not per recompute kind; values kept
-    in ``memo`` by (shape, moe, recompute) for the other MoE run settings."""
+    recompute working set (the layer without recompute) not per recompute kind, and none per
+    micro-batch size: a layer's activation bytes are linear in the micro-batch (every term of
+    ``memory.layer_activation_bytes`` is ``s b h`` times a per-token count that does not read
+    it), so each is priced at one sequence and scaled. Values kept in ``memo`` by (shape, moe,
+    recompute) for the other MoE run settings."""
     out = np.zeros((len(uniq), 3))
     plans: dict[tuple[int, ...], ParallelPlan] = {}  # recompute passed apart
 
@@ -336,21 +339,22 @@ def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray
         if not rows.any():
             return
         sub = uniq[rows]
+        cols = tuple(j for j in cols if j != 3)  # not the micro-batch size (linear in it)
         u, uinv = key_index([sub[:, j] for j in cols])
         vals = np.empty(len(u))
         full = np.ones((len(u), 7), dtype=np.int64)  # ep, etp 1 where not keyed
         full[:, list(cols)] = u
-        for i, (t, cp, sp, mbs, rci, ep, etp) in enumerate(full.tolist()):
-            shape = (t, cp, sp, mbs, ep, etp)
+        for i, (t, cp, sp, _, rci, ep, etp) in enumerate(full.tolist()):
+            shape = (t, cp, sp, ep, etp)
             kind = recompute or RECOMPUTES[rci]
             value = memo.get((*shape, moe, kind))
             if value is None:
                 if shape not in plans:
-                    plans[shape] = plan_of(t, cp, sp, mbs, 0, ep, etp)
+                    plans[shape] = plan_of(t, cp, sp, 1, 0, ep, etp)
                 value = memo[(*shape, moe, kind)] = layer_activation_bytes(
-                    model, training, plans[shape], mbs, moe=moe, recompute=kind)
+                    model, training, plans[shape], 1, moe=moe, recompute=kind)
             vals[i] = value
-        out[rows, col] = vals[uinv]
+        out[rows, col] = vals[uinv] * sub[:, 3]
 
     every = np.ones(len(uniq), dtype=bool)
     fill(0, (0, 1, 2, 3, 4), False, every, None)
