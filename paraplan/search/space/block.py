@@ -228,6 +228,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # share that falls with the stage index, so a class's first stage has the most, its last
     # the least, and the means need the share summed over each class's stages.
     f, b, sum_f, sum_b, f_min, ep_lone = f0, b0, f0 @ cnt, b0 @ cnt, f0.min(axis=1), 0.0
+    fb_last = f0 + b0  # each class's last stage's work (the lower bound's per-rank form)
     if model.is_moe and training.moe_a2a_overlap:
         lone = inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))) / m[:, None]
         lone_f, lone_b = stage(7), stage(8)
@@ -236,6 +237,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         sum_f = sum_f + (lone_sum * lone_f).sum(axis=1)
         sum_b = sum_b + (lone_sum * lone_b).sum(axis=1)
         f_min = (f0 + lone[:, lasts] * lone_f).min(axis=1)
+        fb_last = fb_last + lone[:, lasts] * (lone_f + lone_b)
         ep_lone = lone[:, rr] * (lone_f + lone_b)
     fb = f + b
     crit = np.argmax(fb, axis=1)
@@ -353,7 +355,8 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # first (the embedding's stage).
     upto = prefix[lasts]  # stages before each class's last, by class
     f_before, b_before = f0 @ upto.T / v, (b0 - w) @ upto.T / v  # (rows, classes)
-    per_rank = f_before + np.maximum(m[:, None] * fb, m[:, None] * (fb - w) + b_before)
+    per_rank = f_before + np.maximum(m[:, None] * fb_last,
+                                     m[:, None] * (fb_last - w) + b_before)
     zb = sched == SCHEDULES.index("zb-h1")
     # (The critical class's own-work-plus-both-chains form below holds where weight
     # gradients run inside each backward; zero-bubble schedules keep only the forms above.)
