@@ -62,3 +62,19 @@ def test_attention_shape_factors_match_the_h200_flash_attention_runs() -> None:
     assert attention_shape_factors(1 << 20, 256) == (1.0, 1.0)
     seq = [attention_shape_factors(2.0 ** e, 128) for e in (10, 10.5, 11, 11.5, 12, 13)]
     assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(seq, seq[1:], strict=False))
+
+
+def test_qk_norm_is_priced_as_rmsnorm_whatever_the_layer_norm() -> None:
+    """Per-head q/k norms are RMSNorms (Qwen3, OLMo-2, Gemma-3), so a LayerNorm model with
+    qk-norm adds RMSNorm-cost bytes for q and k, not LayerNorm's (review finding)."""
+    from paraplan import ParallelPlan, TrainingSpec, load_model
+    from paraplan.simulator.elementwise import elementwise_bytes_per_token
+
+    base = load_model("llama3-8b").model_copy(update={"norm": "layernorm"})
+    with_qk = base.model_copy(update={"qk_norm": True})
+    tr, plan = TrainingSpec(global_batch_size=8, seq_len=2048), ParallelPlan(tp=2)
+    extra = (elementwise_bytes_per_token(with_qk, tr, plan, moe=False)
+             - elementwise_bytes_per_token(base, tr, plan, moe=False))
+    att = base.attention
+    assert extra == pytest.approx(4.0 * NORM_KERNEL_COST["rmsnorm"]
+                                  * (att.q_width + att.k_width) / 2)

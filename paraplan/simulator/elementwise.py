@@ -82,8 +82,9 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention
     per_token += rope * att.rope_width / t
-    if model.qk_norm:  # per-head RMSNorm of q and k
-        per_token += norm * (att.q_width + att.k_width) / t
+    if model.qk_norm:  # per-head RMSNorm of q and k (RMSNorm whatever the layer norm is)
+        qk = 36.0 if eager else 4.0 * NORM_KERNEL_COST["rmsnorm"]
+        per_token += qk * (att.q_width + att.k_width) / t
     per_token += act * ffn
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
