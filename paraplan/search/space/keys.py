@@ -27,26 +27,31 @@ def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     n = cols[0].shape[0]
     if n == 0:
         return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    values, ranks = [], []
+    values, seens = [], []
     for col in cols:
         seen = np.zeros(int(col.max()) + 1, dtype=bool)
         seen[col] = True
         values.append(np.flatnonzero(seen))
-        ranks.append((np.cumsum(seen) - 1)[col])
+        seens.append(seen)
     space = 1
     for v in values:
         space *= len(v)
     if space >= 1 << 62:  # the code would overflow int64: sort the rows themselves
         keys, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
         return keys.astype(np.int64), inv.reshape(-1)
+    # Mixed radix over the distinct counts, one column at a time (each column's rank table is
+    # max + 1 entries; the rows' ranks are gathered into the code and dropped, so the
+    # temporaries stay two arrays of the rows whatever the column count).
     code = np.zeros(n, dtype=np.int64)
-    for rank, v in zip(ranks, values, strict=True):  # mixed radix over the distinct counts
-        code = code * len(v) + rank
+    for col, seen, v in zip(cols, seens, values, strict=True):
+        rank = np.cumsum(seen, dtype=np.int64) - 1
+        code *= len(v)
+        code += rank[col]
     if space <= min(DENSE_KEYS, 8 * n):  # a table no larger than a few times the rows
         hit = np.zeros(space, dtype=bool)
         hit[code] = True
         uniq = np.flatnonzero(hit)
-        inv = (np.cumsum(hit) - 1)[code]
+        inv = (np.cumsum(hit, dtype=np.int64) - 1)[code]
     else:
         uniq, inv = np.unique(code, return_inverse=True)
     digits = []
