@@ -42,6 +42,14 @@ NORM_KERNEL_COST = {"layernorm": 0.9 / 0.45, "rmsnorm": 0.9 / 0.52}
 ACTIVATION_KERNEL_COST = {"gated": 0.9 / 0.56, "plain": 0.9 / 0.80}
 
 
+
+def norm_bytes(kind: str, *, eager: bool) -> float:
+    """Bytes per element of one norm's forward: an eager stack's RMSNorm runs in fp32 ops
+    (upcast, square, mean, scale, downcast, weight: 36); a single norm kernel reads and writes
+    once (4) at its measured cost (``NORM_KERNEL_COST``)."""
+    return 36.0 if eager and kind == "rmsnorm" else 4.0 * NORM_KERNEL_COST[kind]
+
+
 def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
                                 *, moe: bool) -> float:
     """Bytes of memory traffic of one layer's forward non-GEMM ops, per token (one rank).
@@ -65,8 +73,7 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     t = plan.tp
     sp = t if plan.sequence_parallel else 1
     eager = training.kernels == "eager"
-    eager_norm = eager and model.norm == "rmsnorm"
-    norm = 36.0 if eager_norm else 4.0 * NORM_KERNEL_COST[model.norm]
+    norm = norm_bytes(model.norm, eager=eager)
     gated = model.mlp_matrices == 3
     act = (10.0 if eager else 6.0 * ACTIVATION_KERNEL_COST["gated"]) if gated else \
         4.0 * ACTIVATION_KERNEL_COST["plain"]
@@ -83,8 +90,7 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     att = model.attention
     per_token += rope * att.rope_width / t
     if model.qk_norm:  # per-head RMSNorm of q and k (RMSNorm whatever the layer norm is)
-        qk = 36.0 if eager else 4.0 * NORM_KERNEL_COST["rmsnorm"]
-        per_token += qk * (att.q_width + att.k_width) / t
+        per_token += norm_bytes("rmsnorm", eager=eager) * (att.q_width + att.k_width) / t
     per_token += act * ffn
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer

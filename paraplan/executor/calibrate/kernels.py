@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from paraplan.executor.calibrate.fit import COLD_BYTES, COLD_SETS
-from paraplan.simulator.elementwise import ACTIVATION_KERNEL_COST, NORM_KERNEL_COST
+from paraplan.simulator.elementwise import ACTIVATION_KERNEL_COST, norm_bytes
 
 
 def median_time(op: Callable[[], object], repeats: int) -> float:
@@ -69,7 +69,7 @@ def elementwise_bytes(tokens: int, hidden: int, ffn: int) -> float:
     cost), two residual adds (6) and GELU (4 at the activation kernel's cost) at 16-bit
     sizes, doubled for fp32 (``elementwise_bytes_per_token``), so the bandwidth fitted from
     their time prices the same count back to the same time."""
-    per_token = (2 * 4.0 * NORM_KERNEL_COST["layernorm"] + 2 * 6.0) * hidden \
+    per_token = (2 * norm_bytes("layernorm", eager=False) + 2 * 6.0) * hidden \
         + 4.0 * ACTIVATION_KERNEL_COST["plain"] * ffn
     return 3.0 * tokens * per_token * 2.0
 
