@@ -14,6 +14,7 @@ from paraplan.search.space.block import Context, block_memory, block_time
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.fix import COMPRESSION_FIELDS, RECOMPUTES
 from paraplan.search.space.keys import group_lines, key_index
+from paraplan.search.space.prune import first_pass, kth_exact, work_bound
 from paraplan.simulator.collectives import pipeline_p2p_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
 from paraplan.simulator.compute import (
@@ -71,7 +72,8 @@ class Evaluation:
 
 def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None = None, *,
                    exact_interleaved: bool = True, times_for_oom: bool = False,
-                   workers: int | None = None) -> Evaluation:
+                   workers: int | None = None, top: int | None = None,
+                   cutoff: float | None = None) -> Evaluation:
     """Step time, peak memory and time breakdown of every plan (see module docstring).
 
     Args:
@@ -83,6 +85,9 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         times_for_oom: also time plans that do not fit in memory (else their step time is
             NaN, as ``simulate`` returns no time for them).
         workers: threads for the array work (default: the CPUs this process may use).
+        top: time only the plans that can be among the ``top`` fastest that fit (``prune``):
+            the others keep a NaN step time, ``exact=False`` and their bound as ``lower_s``.
+            ``cutoff``: a ``top``-th best step time already known (another MoE run setting).
     """
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -188,9 +193,9 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         p, v, idx = block
         fits[idx] = block_memory(space, p, v, idx, ctx, out_peak, out_worst)
 
-    def timing(block: tuple[int, int, np.ndarray]) -> int:
+    def timing(block: tuple[int, int, np.ndarray], want: np.ndarray) -> int:
         p, v, idx = block
-        rows = idx if times_for_oom else idx[fits[idx]]
+        rows = idx[want[idx]]
         if len(rows):
             block_time(space, p, v, rows, ctx, out_step, times, exact, out_lower)
         return len(idx)
@@ -199,11 +204,21 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     # parallel threads; results are written to disjoint slices of the output arrays.
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(blocks)))) as pool:
         list(pool.map(memory, blocks))
+        want = np.ones(n, dtype=bool) if times_for_oom else fits
         needed = np.zeros(len(uniq), dtype=bool)
-        needed[inv if times_for_oom else inv[fits]] = True
+        needed[inv[want]] = True
         ctx.lc, ctx.head = _key_tables(space, dev, uniq, rc, needed, plan_of)
+        if top is not None:  # a first pass finds the top-th best time; the rest must beat it
+            bound = work_bound(c["m"], c["pp"], inv, ctx.lc, model.num_dense_layers,
+                               model.num_moe_layers if model.is_moe else 0)
+            first = first_pass(bound, want, top)
+            list(pool.map(lambda b: timing(b, first), blocks))
+            kth = kth_exact(out_step, exact, first, top, cutoff)
+            pruned = want & ~first & (bound >= kth)
+            want = want & ~first & ~pruned
+            out_lower[pruned], exact[pruned] = bound[pruned], False
         done = 0
-        for count in pool.map(timing, blocks):
+        for count in pool.map(lambda b: timing(b, want), blocks):
             done += count
             if progress is not None:
                 progress(done, n)
