@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paraplan.search.space.build import PlanSpace
+from paraplan.search.space.comm_tables import CommTables
 from paraplan.search.space.span import inflight, pipeline_span
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
@@ -42,8 +43,6 @@ class Context:
     gather_bytes: float
     """Bytes per dense parameter of ZeRO/FSDP parameter all-gathers with dp > 1
     (``TrainingSpec.param_gather_bytes``; ``cb`` with dp = 1 and for experts)."""
-    grad_bytes: np.ndarray
-    """Gradient bytes per element on the wire, per plan."""
     slow: float
     opt_coef: float
     fsdp_coef: np.ndarray
@@ -56,16 +55,9 @@ class Context:
     lc: np.ndarray
     acts: np.ndarray
     head: np.ndarray
-    ginv: np.ndarray
-    ar: np.ndarray
-    ag: np.ndarray
-    rs: np.ndarray
-    einv: np.ndarray
-    ear: np.ndarray
-    eag: np.ndarray
-    ers: np.ndarray
     edp: np.ndarray
-    t_p2p: np.ndarray
+    comm: CommTables | None = None
+    """What ``block_time`` reads of the collectives (built for the plans it times)."""
     overlap_p2p: bool = False
     """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
 
@@ -242,7 +234,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     fb = f + b
     crit = np.argmax(fb, axis=1)
     mean_f, mean_b, mean_w = sum_f / p, sum_b / p, w @ cnt / p
-    cc = ctx.t_p2p[idx] if p > 1 else np.zeros(len(idx))
+    cc = ctx.comm.t_p2p[idx] if p > 1 else np.zeros(len(idx))
     if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
         win = f_min / v
         cc = np.maximum(0.0, cc - win) + np.minimum(cc, win) * ctx.slow
@@ -257,9 +249,9 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # FSDP's units: ZeRO-3, and ZeRO-2 where it is FSDP's (it re-gathers every micro-batch:
     # zero2_regather), gather and reduce-scatter per layer (simulator.step).
     z3 = (z == 3) | ((z == 2) & training.zero2_regather)
-    g = ctx.ginv[idx]
-    e = ctx.einv[idx]
-    gb = ctx.grad_bytes[idx]
+    g = ctx.comm.ginv[idx]
+    e = ctx.comm.einv[idx]
+    gb = ctx.comm.grad_bytes[idx]
     gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
     # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params in rings
     # (dp_sync.grad_sync_parts), DeepSpeed's bf16 ZeRO-1 all-reduces the grads in full.
@@ -282,14 +274,14 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         (DP time, ZeRO-3 exposure, optimizer, FSDP copies)."""
         dense0, exp0 = dense_r[rows, col], exp_r[rows, col]
         units = np.maximum(1.0, layers[col])
-        gather = _chunked(ctx.ag[g], dense0 * gbytes, units)
-        scatter = _chunked(ctx.rs[g], dense0 * gb, units)
-        g_part, p_part = _reduce(ctx.ar[g], ctx.rs[g], ctx.ag[g], dense0, gbytes)
+        gather = _chunked(ctx.comm.ag[g], dense0 * gbytes, units)
+        scatter = _chunked(ctx.comm.rs[g], dense0 * gb, units)
+        g_part, p_part = _reduce(ctx.comm.ar[g], ctx.comm.rs[g], ctx.comm.ag[g], dense0, gbytes)
         if model.is_moe:
             has = exp0 != 0
-            gather = gather + np.where(has, _chunked(ctx.eag[e], exp0 * cb, units), 0.0)
-            scatter = scatter + np.where(has, _chunked(ctx.ers[e], exp0 * gb, units), 0.0)
-            eg, ep_ = _reduce(ctx.ear[e], ctx.ers[e], ctx.eag[e], exp0, cb)
+            gather = gather + np.where(has, _chunked(ctx.comm.eag[e], exp0 * cb, units), 0.0)
+            scatter = scatter + np.where(has, _chunked(ctx.comm.ers[e], exp0 * gb, units), 0.0)
+            eg, ep_ = _reduce(ctx.comm.ear[e], ctx.comm.ers[e], ctx.comm.eag[e], exp0, cb)
             g_part = g_part + np.where(has, eg, 0.0)
             p_part = p_part + np.where(has, ep_, 0.0)
         sync = g_part + p_part

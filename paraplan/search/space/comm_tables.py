@@ -1,0 +1,100 @@
+"""The communication inputs of ``block.block_time``, built only for the plans that will be
+timed: each plan's DP and expert-DP group lines (an index into per-group tables), its
+pipeline send time and its gradient bytes on the wire. The memory pass reads none of them,
+so plans that do not fit, or that the top-K pruning leaves untimed (``prune``), never pay
+for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from paraplan.search.space.build import PlanSpace
+from paraplan.search.space.fix import COMPRESSION_FIELDS
+from paraplan.search.space.keys import group_lines, key_index
+from paraplan.simulator.collectives import pipeline_p2p_lines
+from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
+from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.topology import Topology
+
+
+@dataclass(frozen=True)
+class CommTables:
+    """Per-plan arrays over the whole space (filled at the rows asked for, 0 elsewhere) and
+    the per-group (alpha, beta) line tables they index."""
+
+    ginv: np.ndarray
+    """Row of ``ar``/``ag``/``rs``: the plan's (tp, cp x dp) data-parallel group."""
+    ar: np.ndarray
+    ag: np.ndarray
+    rs: np.ndarray
+    einv: np.ndarray
+    """Row of ``ear``/``eag``/``ers``: the plan's (etp x ep, expert-DP) group (MoE)."""
+    ear: np.ndarray
+    eag: np.ndarray
+    ers: np.ndarray
+    t_p2p: np.ndarray
+    """Seconds of one pipeline send of a micro-batch's activations (0 without PP)."""
+    grad_bytes: np.ndarray
+    """Gradient bytes per element on the wire (``simulator.compression``)."""
+
+
+def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTables:
+    """``CommTables`` of the plans ``rows`` (indices into the space); ``edp`` each plan's
+    expert-data-parallel size."""
+    model, cluster, training = space.model, space.cluster, space.training
+    topo = cluster.topology
+    c = space.cols
+    n = len(space)
+    if not len(rows):
+        empty = np.zeros((1, 3, 2))
+        zeros = np.zeros(n, dtype=np.int64)
+        return CommTables(zeros, empty, empty, empty, zeros, empty, empty, empty, np.zeros(n),
+                          np.zeros(n))
+    tp_, cp_, dp_, ep_, etp_ = (c[k][rows] for k in ("tp", "cp", "dp", "ep", "etp"))
+    pp_, mbs = c["pp"][rows], c["mbs"][rows]
+    # Gradient bytes per element on the wire: PowerSGD's depends on the TP/expert-TP shard
+    # shapes, so one value per (tp, etp).
+    knobs = {k: space.constants[k] for k in COMPRESSION_FIELDS if k in space.constants}
+    utp, tinv = key_index([tp_, etp_])
+    per_tp = np.array([effective_grad_bytes(model, training, ParallelPlan(
+        tp=int(t_), etp=int(e_) if int(e_) else None, **knobs)) for t_, e_ in utp])
+    ginv, einv = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    ug, ginv[rows] = key_index([tp_, cp_ * dp_])
+    ar, ag, rs = strided_group_lines(topo, ug)
+    ear = eag = ers = np.zeros((1, 3, 2))
+    if model.is_moe:
+        ue, einv[rows] = key_index([etp_ * ep_, edp[rows]])
+        ear, eag, ers = strided_group_lines(topo, ue)
+    # Pipeline sends in rank order: the slowest stage boundary paces (simulate's rule,
+    # collectives.pipeline_p2p): the time is the max over the distinct (latency, bandwidth)
+    # lines of each (span, pp, tp).
+    uk, kinv = key_index([dp_ * tp_ * cp_, pp_, tp_])
+    per_key = [pipeline_p2p_lines(topo, int(span), int(p_), int(t_))
+               if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
+               for span, p_, t_ in uk]
+    p2p_lines = np.zeros((len(uk), max(1, *(len(x) for x in per_key)), 2))
+    p2p_lines[:, :, 1] = np.inf  # padding lines: 0 latency, infinite bandwidth
+    for i, lines in enumerate(per_key):
+        for j, line in enumerate(lines):
+            p2p_lines[i, j] = line
+    act_bytes = mbs * training.seq_len / cp_ * model.hidden_size \
+        * float(training.compute_bytes) * pp_ratio(training, ParallelPlan(**knobs))
+    lines_of = p2p_lines[kinv.reshape(-1)]
+    t_p2p, grad_bytes = np.zeros(n), np.zeros(n)
+    t_p2p[rows] = np.where(pp_ > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
+                                           / lines_of[:, :, 1], axis=1), 0.0)
+    grad_bytes[rows] = per_tp[tinv]
+    return CommTables(ginv, ar, ag, rs, einv, ear, eag, ers, t_p2p, grad_bytes)
+
+
+def strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+    """All-reduce, all-gather and reduce-scatter lines (``group_lines``) of the group of
+    ``k`` ranks ``stride`` apart, for each (stride, k) row of ``keys``."""
+    out = tuple(np.zeros((len(keys), 3, 2)) for _ in range(3))
+    for i, (stride, k) in enumerate(keys):
+        group = tuple(int(stride) * j for j in range(int(k)))
+        for arr, kind in zip(out, ("all_reduce", "all_gather", "reduce_scatter"), strict=True):
+            arr[i] = group_lines(topo, group, kind)
+    return out
