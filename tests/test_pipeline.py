@@ -308,3 +308,25 @@ def test_large_pipeline_is_fast():
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+@FAST
+@given(schedule=st.sampled_from(SCHEDULES), p=st.integers(1, 6), m=st.integers(1, 12),
+       v=st.integers(1, 3), a=st.lists(positive, min_size=6, max_size=6),
+       b=st.lists(positive, min_size=6, max_size=6), c=dyadic)
+def test_a_cached_op_program_serves_any_stage_times(schedule, p, m, v, a, b, c) -> None:
+    """The op program is compiled once per (schedule, p, m, v) and reused: a simulation
+    after another of the same shape gives what it gives on a fresh cache."""
+    from paraplan.simulator.pipeline_events import _program
+
+    v = _v(schedule, v)
+    sums = [x + y for x, y in zip(a, b, strict=True)]
+    first = simulate_pipeline(schedule, a[:p], sums[:p], m, v=v, t_p2p=c)
+    again = simulate_pipeline(schedule, b[:p], [2 * x for x in a][:p], m, v=v, t_p2p=c / 2)
+    _program.cache_clear()
+    fresh = simulate_pipeline(schedule, b[:p], [2 * x for x in a][:p], m, v=v, t_p2p=c / 2)
+    assert first.total_s > 0
+    assert (again.total_s, again.critical_p2p_s, again.busy_s, again.p2p_s,
+            again.peak_inflight, again.events) == \
+        (fresh.total_s, fresh.critical_p2p_s, fresh.busy_s, fresh.p2p_s,
+         fresh.peak_inflight, fresh.events)
