@@ -475,3 +475,44 @@ def test_fp8_expert_inputs_are_cast_by_their_own_kernel() -> None:
     by_hand = 16 * 2.0 * rows * (2048 + 768) / device.memory_Bps
     plain = 16 * (gemm_time(device, rows, 2 * 768, 2048) + gemm_time(device, rows, 2048, 768))
     assert expert_gemm_time(model, fp8, plan, device) - plain == pytest.approx(by_hand)
+
+
+def test_megatron_moe_host_stall_from_nvidias_profile() -> None:
+    """Megatron-Core's per-layer sync stall is the idle time NVIDIA's Nsight profile shows on
+    the 16-H100 Qwen3-30B HybridEP run (GPU active 22.821 s of a 24.7138 s step, 64
+    micro-batches x 48 MoE layers), scaled on Grace hosts by TE issue #2053's host times."""
+    runs = load_trainer("megatron-core").runs
+    assert runs.moe_host_sync_s == pytest.approx((24.7138 - 22.821) / (64 * 48), rel=2e-3)
+    assert load_cluster("gb200-nvl72", nodes=1).gpu.host_time_factor == \
+        pytest.approx(37.08 / 13.48, rel=2e-3)
+    assert load_cluster("dgx-h100", nodes=1).gpu.host_time_factor == 1.0
+    # Sync-free MoE (full-iteration CUDA graphs) and other trainers: no stall.
+    assert load_trainer("torchtitan").runs.moe_host_sync_s == 0.0
+
+
+def test_host_stall_waits_in_the_forward_unless_a_backward_runs_beside_it() -> None:
+    plan = ParallelPlan(tp=1, ep=32, etp=1)
+    base = TrainingSpec(global_batch_size=64, seq_len=4096, moe_load_imbalance=1.0)
+    stall = 6e-4
+    for overlap in (False, True):
+        tr = base.model_copy(update={"moe_a2a_overlap": overlap})
+        quiet = compose_layer_cost(_parts(tr, plan), "none")
+        loud = compose_layer_cost(_parts(tr.model_copy(update={"moe_host_sync_s": stall}),
+                                         plan), "none")
+        assert loud.compute == quiet.compute and loud.bwd == pytest.approx(quiet.bwd)
+        if overlap:  # the paired backward keeps the GPU busy; a warm-up forward waits
+            assert loud.fwd == pytest.approx(quiet.fwd)
+            assert loud.ep_lone_fwd == pytest.approx(quiet.ep_lone_fwd + stall)
+        else:
+            assert loud.fwd == pytest.approx(quiet.fwd + stall)
+            assert loud.ep == pytest.approx(quiet.ep + stall)
+    # Full recomputation re-runs the forward, sync and all (never overlapped).
+    tr = base.model_copy(update={"moe_host_sync_s": stall})
+    full_q = compose_layer_cost(_parts(base, plan), "full")
+    full_l = compose_layer_cost(_parts(tr, plan), "full")
+    assert full_l.fwd + full_l.bwd == pytest.approx(full_q.fwd + full_q.bwd + 2 * stall)
+    # A Grace host stalls longer: the GPU profile's host factor.
+    model, gb = load_model("deepseek-v3"), load_cluster("gb200-nvl72", nodes=1)
+    dev = Device.of_training(gb.gpu, tr)
+    assert dev.moe_sync_stall_s == pytest.approx(stall * gb.gpu.host_time_factor)
+    assert layer_parts(model, gb.topology, tr, plan, dev, moe=False).host_stall_s == 0.0

@@ -5,10 +5,9 @@ per-kernel overhead, so small or skinny GEMMs become memory- or launch-bound on 
 (Williams et al. 2009, "Roofline"). Fused attention runs at a fraction of the GEMM efficiency
 (FlashAttention-2, Dao 2023, sec 4.1: 73% of peak forward and 63% backward on A100 versus ~87%
 for cuBLAS GEMMs, i.e. 0.84x and 0.72x), less on short calls and narrow heads
-(``attention_shape``, measured). Norms, activations, residual adds, rotary
-embeddings, softmax (without flash) and the optimizer step are memory-bound and run at the
-achievable memory bandwidth. One set of parameters per GPU profile; nothing is fitted per run.
-All times are seconds.
+(``attention_shape``, measured). Norms, activations, residual adds, rotary embeddings, softmax
+(without flash) and the optimizer step are memory-bound and run at the achievable memory
+bandwidth. One set of parameters per GPU profile; nothing is fitted per run. Seconds.
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy str
 # cuBLAS/CUTLASS output tiles for large bf16 GEMMs on Ampere/Hopper; one per SM per wave, so a
 # partial last wave idles SMs (NVIDIA DL Performance Guide, Matrix Multiplication Background).
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
-# SMs NCCL kernels occupy while a collective overlaps compute (one block per channel; 16 is
-# its usual count for NVLink/IB rings, ``GPUSpec.nccl_channels`` where a profile cites its
-# own): a collective of C seconds under compute takes C * channels / sm_count of its SM-time,
-# done later at full speed (Calculon: compute "stolen" by overlapped collectives).
+# SMs NCCL kernels occupy while a collective overlaps compute (one block per channel; 16 for
+# NVLink/IB rings, else ``GPUSpec.nccl_channels``): a collective of C seconds under compute
+# takes C * channels / sm_count of its SM-time (Calculon: compute "stolen" by collectives).
 NCCL_SMS = 16
 # Bytes written per GEMM input element by a fused fp8 cast (Transformer Engine's
 # cast_transpose, torch.compile'd torchao): the row-wise fp8 copy for the forward GEMM and the
@@ -89,6 +87,8 @@ class Device:
     (``TrainingSpec.fp8_cast_kernels``), each at least ``KERNEL_OVERHEAD_S``."""
     nccl_sms: int = NCCL_SMS
     """SMs an overlapped NCCL collective occupies (``GPUSpec.nccl_channels``)."""
+    moe_sync_stall_s: float = 0.0
+    """GPU idle per MoE layer forward while the host catches up after its sync, s."""
 
     @classmethod
     def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
@@ -141,10 +141,12 @@ class Device:
 
     @classmethod
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:
-        """``Device.of`` with the precision, kernels and fp8 weight caching ``training`` runs."""
-        return cls.of(gpu, training.precision, training.kernels,
-                      weight_cache=training.fp8_weight_cache, scaling=training.fp8_scaling,
-                      cast_kernels=training.fp8_cast_kernels)
+        """``Device.of`` with the precision, kernels, fp8 weight caching and MoE host stall
+        (``TrainingSpec.moe_host_sync_s`` on this GPU's host) ``training`` runs."""
+        return replace(cls.of(gpu, training.precision, training.kernels,
+                              weight_cache=training.fp8_weight_cache,
+                              scaling=training.fp8_scaling, cast_kernels=training.fp8_cast_kernels),
+                       moe_sync_stall_s=training.moe_host_sync_s * gpu.host_time_factor)
 
     @property
     def nccl_slowdown(self) -> float:

@@ -187,6 +187,10 @@ class GPUSpec(StrictModel):
     sustained_matmul_efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
     """Same for fp8 GEMMs, as a fraction of the fp8 peak; None = the 16-bit figure scaled by
     ``matmul_efficiency_fp8 / matmul_efficiency`` (or the product above without it)."""
+    host_time_factor: float = Field(default=1.0, gt=0, le=100)
+    """Host (CPU) time of one framework op on this GPU's host over a DGX H100's Xeon 8480C
+    (1.0): Grace-hosted parts (GH200, GB200) issue PyTorch ops more slowly. Scales
+    ``TrainingSpec.moe_host_sync_s``."""
     memory_bandwidth_efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achievable fraction of peak memory bandwidth on streaming kernels."""
     nccl_channels: int | None = Field(default=None, gt=0, le=1024)

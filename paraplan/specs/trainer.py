@@ -3,8 +3,8 @@
 A trainer profile is an input like the cluster (``hardware_profiles/trainers/*.yaml``): its
 ``can`` part limits the plans a searcher may return to those the trainer can run, and its
 ``runs`` part sets the implementation facts the simulator prices (TP and DP communication
-overlap, gradient-reduction dtype, dropout, kernels, FlashAttention version). Every fact is
-cited to the trainer's own source file in the profile's ``sources``.
+overlap, gradient-reduction dtype, dropout, kernels, FlashAttention version, ...), each cited
+to the trainer's own source file in the profile's ``sources``.
 
 ``trainer_reasons`` says in plain words why a trainer cannot run a plan; ``apply_trainer``
 turns a (training, plan) pair into the one the trainer runs. A field the user set explicitly
@@ -25,24 +25,21 @@ from paraplan.specs.training import MAX_BUCKET_ELEMENTS, Precision, TrainingSpec
 
 MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "block",
                         "mxfp8": "block"}
-"""Megatron-Core's ``--fp8-recipe`` choices (core_v0.15.3 arguments.py; ``delayed`` is the
-default) -> ``TrainingSpec.fp8_scaling``. The first name of each scaling is the one written
-on export: block scaling as ``blockwise`` (Hopper and Blackwell; ``mxfp8`` is Blackwell's MX
-format, priced alike)."""
+"""Megatron-Core's ``--fp8-recipe`` choices (core_v0.15.3 arguments.py; default ``delayed``)
+-> ``TrainingSpec.fp8_scaling``; the first name of each is written on export (block scaling
+as ``blockwise``; ``mxfp8``, Blackwell's MX format, is priced alike)."""
 
 MEGATRON_FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-"""Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (read on import,
-written for ZeRO-2/3 on export)."""
+"""Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (import; ZeRO-2/3 export)."""
 
 TORCHTITAN_ROTATE_METHODS = {"allgather": "allgather", "alltoall": "ring"}
 """torchtitan's ``parallelism.context_parallel_rotate_method`` -> ``TrainingSpec.cp_kv_exchange``
-(v0.2.2 job_config.py: 'alltoall' shuffles each K/V shard to the next rank, a ring step; read
-on import, written on export)."""
+(v0.2.2 job_config.py: 'alltoall' shuffles each K/V shard to the next rank, a ring step)."""
 
 RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
                   "activation_compression_bits", "pseudo_grad_bits")
-"""Plan fields of relaxed synchronization (local SGD, compression): no pinned trainer config
-expresses them; a profile allows them with ``can.relaxed_sync``."""
+"""Plan fields of relaxed synchronization (local SGD, compression) no pinned trainer config
+expresses; a profile allows them with ``can.relaxed_sync``."""
 
 
 class TrainerCan(StrictModel):
@@ -179,6 +176,8 @@ class TrainerRuns(StrictModel):
     """The MoE token dispatcher its exported config selects (``TrainingSpec.moe_dispatcher``)."""
     moe_a2a_overlap: bool = False
     """Its exported config overlaps EP all-to-alls (``TrainingSpec.moe_a2a_overlap``)."""
+    moe_host_sync_s: float = Field(default=0.0, ge=0.0, le=0.1)
+    """Host stall per MoE layer forward (``TrainingSpec.moe_host_sync_s``)."""
 
 
 class TrainerSpec(StrictModel):
@@ -360,7 +359,8 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
-             "moe_a2a_overlap": runs.moe_a2a_overlap, "fp8_param_gather":
+             "moe_a2a_overlap": runs.moe_a2a_overlap, "moe_host_sync_s": runs.moe_host_sync_s,
+             "fp8_param_gather":
              runs.fp8_param_gather and training.precision == "fp8",
              "grad_accumulation": runs.grad_accumulation.get(training.precision),
              "zero1_grad_all_reduce": runs.zero1_grad_all_reduce

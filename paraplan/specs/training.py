@@ -142,6 +142,12 @@ class TrainingSpec(StrictModel):
     ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``: the forward of one
     micro-batch and the backward of another run merged, each one's all-to-all under the
     other's compute)."""
+    moe_host_sync_s: float = Field(default=0.0, ge=0.0, le=0.1)
+    """Seconds the GPU waits on the host in each MoE layer's forward, per micro-batch, on a DGX
+    H100's Xeon (``GPUSpec.host_time_factor`` scales it to other hosts): dropless MoE
+    layers that copy their token counts to the host and synchronise (Megatron-Core before
+    sync-free MoE) leave the GPU idle while the host issues the kernels after the sync. 0
+    where the trainer does not synchronise (``TrainerRuns.moe_host_sync_s``)."""
     moe_load_imbalance: float = Field(default=1.3, ge=1.0, le=64.0)
     """Routed tokens on the busiest expert-parallel rank over the mean (the rank that paces
     every MoE layer: its expert GEMMs, its all-to-all share and its expert activations).

@@ -115,6 +115,9 @@ class SourceConvention:
     grad_reduce_fp32: bool | None = None
     """The source's harness sets gradient reduction (and the buffer) away from its trainer's
     default; None: the trainer profile's."""
+    sync_free_moe: bool = False
+    """The runs' MoE layers never synchronise with the host (Megatron-Core's sync-free MoE
+    under full-iteration CUDA graphs), so no ``TrainingSpec.moe_host_sync_s``."""
 
 
 # NVIDIA's performance harnesses reduce gradients in bf16 (bf16 grad buffer): Megatron-Bridge
@@ -162,7 +165,7 @@ SOURCES: dict[str, SourceConvention] = {
         "NVIDIA Megatron-Bridge performance summary (26.08 container, v0.6.0 perf recipes): "
         "MoE pre-training on DGX-GB200 in MXFP8 with HybridEP, the EP all-to-all overlap and "
         "full-iteration CUDA graphs (sync-free MoE); the 26.04.01 rows' configurations re-run",
-        grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32),
+        grad_reduce_fp32=NVIDIA_PERF_GRAD_REDUCE_FP32, sync_free_moe=True),
     "megatron_bridge_ep_overlap": SourceConvention(
         "megatron-core", True, None, None, None,
         "NVIDIA Megatron-Bridge's expert-parallel overlap benchmarks (skills/"

@@ -409,6 +409,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                            "(llm-foundry 5e85bd62d sweep.py)")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
+        if conv is not None and conv.sync_free_moe:
+            explicit["moe_host_sync_s"] = 0.0
         # A row's own gradient-sync and optimizer-state dtypes (the config it ran: NeMo's
         # optim.grad_sync_dtype; apex DistributedFusedAdam's optim.dtype, "datatype for
         # optimizer state", its parameter copy and both moments; Megatron's precision-aware

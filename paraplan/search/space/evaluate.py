@@ -43,6 +43,10 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import tp_overlap
 from paraplan.specs.training import TrainingSpec
 
+PARTS = 12
+"""Columns of a priced layer's parts (``_key_tables``' ``parts_row``; ``compose_columns``'
+arguments but the recompute kind)."""
+
 BLOCK_ROWS = 1 << 16
 """Rows a worker evaluates at a time: a (pp, vpp) block is cut into pieces of this many plans,
 so each piece's temporaries (a few dozen arrays of rows x stage classes) stay small enough to
@@ -247,11 +251,11 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
         lt = pt.times
         return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
                 lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
-                pt.ep_overlap_slowdown or 0.0)
+                pt.ep_overlap_slowdown or 0.0, pt.host_stall_s)
 
     keys, krc = uniq[needed], rc[needed]
     du, dinv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7)])
-    dparts, dhead = np.zeros((len(du), 11)), np.zeros((len(du), 4))
+    dparts, dhead = np.zeros((len(du), PARTS)), np.zeros((len(du), 4))
     for i, key in enumerate(du.tolist()):
         row = memo.get(("dense", run_free, *key))
         if row is None:
@@ -294,9 +298,9 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
             ep_c, sort_s = hit
             overlap = a2a_overlap_share(training, plan, dev, moe=True)
             return parts_row(LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_c, cp_b,
-                                        overlap))
+                                        overlap, dev.moe_sync_stall_s))
 
-        mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), 11)
+        mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), PARTS)
         sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)
     h = dhead[dinv]
     head = h[:, :3]

@@ -1,0 +1,142 @@
+"""A layer's pass times from its parts: ``LayerParts`` (compute, exposed TP/CP/EP traffic,
+the MoE all-to-all overlap's share, the host's synchronisation stall) composed under a
+recompute kind into a ``LayerCost``, on numbers or numpy arrays alike (the vectorized search
+composes every plan key at once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paraplan.simulator.compute import LayerTimes
+from paraplan.simulator.pipeline import inflight_microbatches
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one micro-batch, one rank: pass times incl. exposed communication (s).
+
+    fwd/bwd include exposed TP/CP/EP communication (bwd also recompute); wgrad is the weight-
+    gradient GEMM time (zb-h1's W pass); compute excludes communication; tp/cp/ep are the
+    exposed communication of forward + backward."""
+
+    fwd: float
+    bwd: float
+    wgrad: float
+    compute: float
+    tp: float
+    cp: float
+    ep: float
+    ep_lone_fwd: float = 0.0
+    """Under the MoE all-to-all overlap: what a forward with no backward beside it (the
+    schedule's warm-up) exposes beyond ``fwd``'s overlapped share (0 without the overlap)."""
+    ep_lone_bwd: float = 0.0
+    """The same for a backward with no forward beside it (the cool-down)."""
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """What a layer's cost is built from, independent of recompute (seconds)."""
+
+    times: LayerTimes
+    tp_s: float
+    """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h."""
+    cp_s: float
+    """Exposed ring-attention KV passing of one forward."""
+    ep_s: float
+    """Dispatch + combine all-to-all of one pass (MoE layers)."""
+    cp_bwd_s: float
+    """Exposed ring traffic of one backward: K/V again plus dK/dV (``cp_merge``: 16-bit for
+    Transformer Engine, fp32 for PyTorch's ``context_parallel``)."""
+    ep_overlap_slowdown: float | None = None
+    """With ``moe_a2a_overlap``: the fraction of compute the overlapped all-to-all kernels
+    take (None: the all-to-alls are exposed)."""
+    host_stall_s: float = 0.0
+    """GPU idle in one forward while the host issues the kernels after the MoE layer's
+    device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
+
+
+def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
+    """Pass times of one layer under ``recompute`` (none, selective, op, full, layer), seconds."""
+    lt = parts.times
+    cols = compose_columns(lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
+                           lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s,
+                           parts.ep_s, parts.cp_bwd_s, parts.ep_overlap_slowdown or 0.0,
+                           parts.host_stall_s, recompute)
+    return LayerCost(*(float(x) for x in cols))
+
+
+def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: Any,
+                    expert_s: Any, tp_s: Any, cp_s: Any, ep_s: Any, cp_bwd_s: Any,
+                    slowdown: Any, stall_s: Any, recompute: Any) -> tuple[Any, ...]:
+    """``compose_layer_cost`` on numbers or numpy arrays alike (the vectorized search composes
+    every plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` 0 where the
+    all-to-alls are not overlapped (an overlapped one always takes SMs), ``stall_s`` the
+    forward's host stall (``LayerParts.host_stall_s``), ``recompute`` names.
+    Returns the ``LayerCost`` fields in order (fwd, bwd, wgrad, compute, tp, cp, ep,
+    ep_lone_fwd, ep_lone_bwd). Masks are 0/1 factors, so one body serves both."""
+    # Share of layers re-run whole: all under full, every other one under torchtitan's
+    # layer-level checkpointing (``layer``: selective_ac_option "2").
+    full = 1 * (recompute == "full") + 0.5 * (recompute == "layer")
+    # What the backward re-runs; op-level SAC re-runs every other matmul and every
+    # memory-bound op.
+    extra = full * fwd_s + (recompute == "selective") * attn_s \
+        + (recompute == "op") * (0.5 * gemm_s + elem_s)
+    # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
+    tp_f, tp_b = 2 * tp_s, 2 * tp_s + full * 2 * tp_s
+    cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
+    ep_f, ep_b = ep_s, ep_s + full * ep_s
+    # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
+    over = (slowdown > 0) * (full == 0)
+    exposed = overlapped_a2a(fwd_s, bwd_s, gemm_s, expert_s, (ep_f + ep_b) / 4, extra,
+                             over * slowdown)
+    # The forward's host stall waits like the dispatch it sits in (counted with it), again
+    # where the forward is re-run; under the overlap the paired backward's kernels, already
+    # queued, keep the GPU busy through it (NVIDIA's Nsight of the Qwen3-30B HybridEP pair:
+    # GPU-active time 22.8 s of the 24.7 s step without the overlap, 21.2 s against 21.0 s
+    # with it), so only a forward with no partner (the warm-up) waits.
+    lone_f, lone_b = over * (ep_f - exposed / 2 + stall_s), over * (ep_b - exposed / 2)
+    ep_f, ep_b = ep_f + stall_s - lone_f, ep_b + full * stall_s - lone_b
+    return (fwd_s + tp_f + cp_f + ep_f, bwd_s + extra + tp_b + cp_b + ep_b, gemm_s,
+            fwd_s + bwd_s + extra, tp_f + tp_b, cp_f + cp_b, ep_f + ep_b, lone_f, lone_b)
+
+
+def unpartnered_share(schedule: str, p: int, m: int, stage: int, v: int) -> float:
+    """Fraction of a stage's (chunk-)forwards that run with no backward beside them under the
+    MoE all-to-all overlap, and of its backwards with no forward: the warm-up forwards and as
+    many cool-down backwards. Megatron-Core warms up the plain schedule's count plus one
+    (schedules.py ``num_warmup_microbatches += 1``; without pipelining micro-batch 0's forward
+    and the last backward run alone: combined_1f1b.py), which is the plain schedule's peak
+    in-flight count (``pipeline.inflight_microbatches``) out of ``m`` micro-batches."""
+    return inflight_microbatches(schedule, p, m, stage, v=v) / m
+
+
+def overlapped_a2a(fwd_s: Any, bwd_s: Any, gemm_s: Any, expert_s: Any, a2a_s: Any,
+                   recompute_s: Any, slowdown: Any) -> Any:
+    """Exposed seconds of one MoE layer's four all-to-alls (``a2a_s`` each) under Megatron-Core's
+    1F1B all-to-all overlap, for a forward merged with another micro-batch's backward
+    (numbers or arrays of ``LayerTimes`` fields).
+
+    Layer i of the forward runs beside layer L-1-i of the backward
+    (model_chunk_schedule_plan.py ``TransformerModelChunkSchedulePlan.run``), and inside the
+    pair each all-to-all runs beside one piece of compute, in order
+    (``TransformerLayerSchedulePlan.run``):
+
+    - backward combine | attention side forward (attention, norms, router, shared experts),
+      after the previous pair's attention-side weight gradients;
+    - forward dispatch | the experts' input gradients;
+    - backward dispatch | the experts' weight gradients, then their forward;
+    - forward combine | attention side backward (with ``recompute_s``, what it re-runs).
+
+    Each phase lasts as long as the longer of the two; the covered part costs the
+    communication kernels' SMs (``slowdown`` of the compute it runs under). Warm-up and
+    cool-down passes, which have no partner, pay ``LayerCost.ep_lone_fwd`` / ``_bwd`` on top
+    (``unpartnered_share``)."""
+    side_wgrad = gemm_s - expert_s
+    side_bwd = bwd_s + recompute_s - 2 * expert_s
+    pieces = (side_wgrad + fwd_s - expert_s, expert_s, 2 * expert_s, side_bwd - side_wgrad)
+    arrays = isinstance(a2a_s, np.ndarray)
+    hi, lo = (np.maximum, np.minimum) if arrays else (max, min)
+    return sum(hi(0.0, a2a_s - x) + lo(a2a_s, x) * slowdown for x in pieces)
