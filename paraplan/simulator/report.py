@@ -17,7 +17,8 @@ TIME_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "
 STEP_PARTS = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
               "optimizer")
 """The additive parts of a step (``exposed_comm`` is their communication subtotal), in the
-order the reports show them."""
+order the reports show them. ``ep_comm`` is the MoE dispatch: its exposed all-to-alls and the
+host stall after the dispatcher's sync (``TrainingSpec.moe_host_sync_s``)."""
 MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other", "peak")
 
 
