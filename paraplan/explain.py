@@ -129,9 +129,10 @@ def _describe(rep: dict[str, Any], model: ModelSpec, training: TrainingSpec,
                    f"({100 * shares['cp_comm']:.0f}%): ring attention passes K/V blocks "
                    f"cp-1 = {plan.cp - 1} times per layer, more than attention can hide")
     if shares["ep_comm"] >= WORTH:
-        out.append(f"expert-parallel all-to-all {t['ep_comm']:.3g} s "
-                   f"({100 * shares['ep_comm']:.0f}%): dispatch and combine of top-"
-                   f"{model.moe_top_k} token copies over ep={plan.ep} ranks every MoE layer")
+        out.append(f"MoE dispatch {t['ep_comm']:.3g} s "
+                   f"({100 * shares['ep_comm']:.0f}%): all-to-all dispatch and combine of top-"
+                   f"{model.moe_top_k} token copies over ep={plan.ep} ranks every MoE layer, "
+                   "and the trainer's host stall after each MoE layer's sync where it has one")
     if shares["pp_comm"] >= WORTH:
         out.append(f"pipeline sends {t['pp_comm']:.3g} s ({100 * shares['pp_comm']:.0f}%) on "
                    "the critical path: stage boundaries cross a slow link")

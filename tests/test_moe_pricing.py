@@ -516,3 +516,12 @@ def test_host_stall_waits_in_the_forward_unless_a_backward_runs_beside_it() -> N
     dev = Device.of_training(gb.gpu, tr)
     assert dev.moe_sync_stall_s == pytest.approx(stall * gb.gpu.host_time_factor)
     assert layer_parts(model, gb.topology, tr, plan, dev, moe=False).host_stall_s == 0.0
+
+
+def test_no_host_stall_with_a_capacity_factor() -> None:
+    """Megatron pads each expert's input to the capacity (--moe-pad-expert-input-to-capacity)
+    and its dispatcher skips the device-to-host copy: no sync, no stall."""
+    tr = TrainingSpec(global_batch_size=64, seq_len=4096, moe_host_sync_s=6e-4)
+    dropless = _parts(tr, ParallelPlan(tp=1, ep=32, etp=1))
+    padded = _parts(tr, ParallelPlan(tp=1, ep=32, etp=1, moe_capacity_factor=1.5))
+    assert dropless.host_stall_s == pytest.approx(6e-4) and padded.host_stall_s == 0.0

@@ -108,3 +108,18 @@ def test_the_searcher_returns_the_same_plans_pruned_or_not(monkeypatch) -> None:
     pruned = exhaustive_search(model, cl, tr, top=8, options=opts)
     assert [(r.extra["plan_short"], r.step_time_s) for r in pruned.reports] == \
         [(r.extra["plan_short"], r.step_time_s) for r in whole.reports]
+
+
+def test_pruning_alone_adds_no_note_about_estimated_plans(monkeypatch) -> None:
+    """Untimed (pruned) rows are not exact, but they are not the interleaved / uneven-split
+    estimates the searcher's note is about."""
+    from paraplan.search.space import parse_fix
+
+    model, cl = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
+    tr = TrainingSpec(global_batch_size=64, seq_len=4096)
+    opts, fix = SpaceOptions(max_micro_batch=8), parse_fix("schedule=1f1b")
+    full = evaluate_space(build_space(model, cl, tr, fix, opts), exact_interleaved=False)
+    assert full.exact[full.feasible].all()  # no estimated plans in this space
+    monkeypatch.setattr(prune, "FIRST_PASS_PLANS", 1)
+    result = exhaustive_search(model, cl, tr, fix=fix, top=3, options=opts)
+    assert not any("bound/estimate" in note for note in result.notes)

@@ -262,7 +262,7 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
             notes.append(f"{resplit} pipelined plans re-split by the exact layer-partition DP "
                          "(layers of unequal cost)")
     elapsed = time.perf_counter() - start
-    if (~ev.exact & feasible).any():
+    if (~ev.exact & feasible & np.isfinite(ev.step_time_s)).any():  # (not the pruned rows)
         notes.append("interleaved plans with m % pp != 0 and uneven layer splits were ranked "
                      "by a bound/estimate and simulated exactly when they could reach the top")
     return SearchResult(

@@ -35,8 +35,8 @@ from paraplan.specs.topology import Topology
 from paraplan.specs.training import TrainingSpec
 
 __all__ = ["HeadTimes", "LayerCost", "LayerParts", "compose_columns", "compose_layer_cost",
-           "head_times", "layer_a2a_time", "layer_compute_parts", "layer_cost", "layer_ep_parts",
-           "layer_parts", "lm_head_cost", "mtp_columns", "mtp_projection_time",
+           "head_times", "host_stall", "layer_a2a_time", "layer_compute_parts", "layer_cost",
+           "layer_ep_parts", "layer_parts", "lm_head_cost", "mtp_columns", "mtp_projection_time",
            "overlapped_a2a", "placed_group", "unpartnered_share", "with_mtp"]
 
 
@@ -66,8 +66,15 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         lt = with_dispatch_sort(lt, dispatch_sort_time(model, training, plan, device))
     ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
                                    base_rank=base_rank)
-    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap,
-                      device.moe_sync_stall_s if moe else 0.0)
+    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap, host_stall(device, plan, moe=moe))
+
+
+def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:
+    """``LayerParts.host_stall_s``: the device's MoE sync stall for a dropless MoE layer; none
+    for dense layers, nor with a capacity factor (Megatron pads each expert's input to it,
+    ``--moe-pad-expert-input-to-capacity``, and its dispatcher's preprocess returns before the
+    device-to-host copy)."""
+    return device.moe_sync_stall_s if moe and plan.moe_capacity_factor is None else 0.0
 
 
 def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,

@@ -28,6 +28,7 @@ from paraplan.simulator.layer import (
     LayerParts,
     a2a_overlap_share,
     compose_columns,
+    host_stall,
     layer_a2a_time,
     layer_compute_parts,
     lm_head_cost,
@@ -63,7 +64,9 @@ class Evaluation:
     peak memory (GiB); ``exact`` is False where the pipeline span is the closed-form
     approximation (uneven splits) rather than what ``simulate()`` returns; ``lower_s`` a
     lower bound on the step time ``simulate()`` returns (the step time itself where that is
-    exact or already a bound; for uneven splits ``block.block_time``'s span bound).
+    exact or already a bound; for uneven splits ``block.block_time``'s span bound). Plans a
+    ``top`` evaluation leaves untimed (``prune``) have a NaN step, ``exact`` False and
+    ``prune.work_bound`` as ``lower_s``.
     """
 
     step_time_s: np.ndarray
@@ -95,8 +98,9 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             NaN, as ``simulate`` returns no time for them).
         workers: threads for the array work (default: the CPUs this process may use).
         top: time only the plans that can be among the ``top`` fastest that fit (``prune``):
-            the others keep a NaN step time, ``exact=False`` and their bound as ``lower_s``.
-            ``cutoff``: a ``top``-th best step time already known (another MoE run setting).
+            the others that fit keep a NaN step time, ``exact=False`` and their bound as
+            ``lower_s``. ``cutoff`` (with ``top``): a ``top``-th best step time already known
+            (another MoE run setting's search).
     """
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -185,11 +189,11 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         if top is not None:  # a first pass finds the top-th best time; the rest must beat it
             bound = work_bound(c["m"], c["pp"], inv, ctx.lc, model.num_dense_layers,
                                model.num_moe_layers if model.is_moe else 0)
-            first = first_pass(bound, want, top)
+            first = first_pass(bound, fits, top)  # only plans that fit set the K-th time
             ctx.comm = comm_tables(space, edp, np.nonzero(first)[0])
             list(pool.map(lambda b: timing(b, first), blocks))
             kth = kth_exact(out_step, exact, first, top, cutoff)
-            pruned = want & ~first & (bound >= kth)
+            pruned = fits & ~first & (bound >= kth)
             want = want & ~first & ~pruned
             out_lower[pruned], exact[pruned] = bound[pruned], False
         ctx.comm = comm_tables(space, edp, np.nonzero(want)[0])
@@ -298,7 +302,7 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
             ep_c, sort_s = hit
             overlap = a2a_overlap_share(training, plan, dev, moe=True)
             return parts_row(LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_c, cp_b,
-                                        overlap, dev.moe_sync_stall_s))
+                                        overlap, host_stall(dev, plan, moe=True)))
 
         mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), PARTS)
         sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)

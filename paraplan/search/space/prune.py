@@ -11,7 +11,10 @@ found K plans whose evaluated time is exact (what ``simulate()`` returns), a pla
 is not below the K-th of them cannot be among the K fastest, and is left untimed: its step
 time stays NaN and its ``lower_s`` is the bound. ``search.exhaustive.top_k`` simulates rows in
 order of ``lower_s`` and stops at the K-th best time found, so it never reaches those rows
-either way: the searcher returns the same plans with a fraction of the array work.
+either way: the searcher returns the same plans with a fraction of the array work. (The
+exhaustive searcher's re-split finalists, ``dp.resplit.finalist_rows``, are then chosen among
+the timed plans: where an untimed plan would have been one, a timed one below it takes its
+place, which can only add a faster re-split plan.)
 """
 
 from __future__ import annotations
