@@ -35,6 +35,11 @@ MomentsDtypeOpt = Annotated[str | None, typer.Option(
     "--moments-dtype", help="Adam moments in fp32 (default) or bf16 (Megatron "
     "--use-precision-aware-optimizer --exp-avg-dtype bf16, as DeepSeek-V3 trains): 8 instead of "
     "12 optimizer bytes per parameter.")]
+MoeHostSyncOpt = Annotated[float | None, typer.Option(
+    "--moe-host-sync-ms", help="GPU idle per MoE layer forward while the host catches up after "
+    "the dispatcher's device-to-host sync, ms on a DGX H100 host (Grace hosts scale it). "
+    "Default: the trainer's (megatron-core 0.616, NVIDIA's profile; 0 for sync-free MoE under "
+    "full CUDA graphs, core_v0.18+).")]
 MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean "
     "(default 1.3; 1.0 = forced balance, as NVIDIA's MoE benchmarks).")]
@@ -146,7 +151,7 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
 def read_training(global_batch: int | None, seq_len: int | None, precision: str,
                   flash_attention: bool = True, *, moe_dispatcher: str | None = None,
                   moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
-                  moments_dtype: str | None = None) -> Any:
+                  moments_dtype: str | None = None, moe_host_sync_ms: float | None = None) -> Any:
     """The TrainingSpec of --global-batch, --seq-len, --precision (and --no-flash-attention,
     --moments-dtype, the --moe-* options: those left out stay the trainer's); a bad value is
     a SpecError naming the field."""
@@ -159,6 +164,12 @@ def read_training(global_batch: int | None, seq_len: int | None, precision: str,
                              ("moe_a2a_overlap", moe_a2a_overlap),
                              ("moe_load_imbalance", moe_imbalance),
                              ("moments_dtype", moments_dtype)) if v is not None}
+    if moe_host_sync_ms is not None:
+        if not 0.0 <= moe_host_sync_ms <= 100.0:  # (NaN fails too)
+            raise SpecError(f"--moe-host-sync-ms {moe_host_sync_ms!r}: must be between 0 and "
+                            "100 (milliseconds)", field="--moe-host-sync-ms",
+                            value=moe_host_sync_ms, allowed="0-100")
+        moe["moe_host_sync_s"] = moe_host_sync_ms / 1e3
     try:
         return TrainingSpec(global_batch_size=global_batch, seq_len=seq_len,
                             precision=precision, flash_attention=flash_attention, **moe)

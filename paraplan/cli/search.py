@@ -26,6 +26,7 @@ from paraplan.cli.common import (
 from paraplan.cli.export import write_export
 from paraplan.cli.inputs import (
     MoeDispatcherOpt,
+    MoeHostSyncOpt,
     MoeImbalanceOpt,
     MoeOverlapOpt,
     MomentsDtypeOpt,
@@ -125,6 +126,7 @@ def best(
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
+    moe_host_sync_ms: MoeHostSyncOpt = None,
     moments_dtype: MomentsDtypeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -151,7 +153,8 @@ def best(
     spec_cluster = load_cluster(cluster, nodes=nodes)
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash,
                              moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
-                             moe_imbalance=moe_imbalance, moments_dtype=moments_dtype)
+                             moe_imbalance=moe_imbalance, moments_dtype=moments_dtype,
+                             moe_host_sync_ms=moe_host_sync_ms)
     spec_trainer = read_trainer(trainer, export.value if export is not None else None)
     if relaxed:
         from paraplan.search.relaxed import relaxed_search
