@@ -42,7 +42,6 @@ NORM_KERNEL_COST = {"layernorm": 0.9 / 0.45, "rmsnorm": 0.9 / 0.52}
 ACTIVATION_KERNEL_COST = {"gated": 0.9 / 0.56, "plain": 0.9 / 0.80}
 
 
-
 def norm_bytes(kind: str, *, eager: bool) -> float:
     """Bytes per element of one norm's forward: an eager stack's RMSNorm runs in fp32 ops
     (upcast, square, mean, scale, downcast, weight: 36); a single norm kernel reads and writes

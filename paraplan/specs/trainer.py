@@ -360,8 +360,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap, "moe_host_sync_s": runs.moe_host_sync_s,
-             "fp8_param_gather":
-             runs.fp8_param_gather and training.precision == "fp8",
+             "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
              "grad_accumulation": runs.grad_accumulation.get(training.precision),
              "zero1_grad_all_reduce": runs.zero1_grad_all_reduce
              if isinstance(runs.zero1_grad_all_reduce, bool) else training.precision == "bf16",

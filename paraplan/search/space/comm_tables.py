@@ -47,11 +47,6 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     topo = cluster.topology
     c = space.cols
     n = len(space)
-    if not len(rows):
-        empty = np.zeros((1, 3, 2))
-        zeros = np.zeros(n, dtype=np.int64)
-        return CommTables(zeros, empty, empty, empty, zeros, empty, empty, empty, np.zeros(n),
-                          np.zeros(n))
     tp_, cp_, dp_, ep_, etp_ = (c[k][rows] for k in ("tp", "cp", "dp", "ep", "etp"))
     pp_, mbs = c["pp"][rows], c["mbs"][rows]
     # Gradient bytes per element on the wire: PowerSGD's depends on the TP/expert-TP shard
@@ -74,7 +69,7 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     per_key = [pipeline_p2p_lines(topo, int(span), int(p_), int(t_))
                if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
                for span, p_, t_ in uk]
-    p2p_lines = np.zeros((len(uk), max(1, *(len(x) for x in per_key)), 2))
+    p2p_lines = np.zeros((len(uk), max([1, *(len(x) for x in per_key)]), 2))
     p2p_lines[:, :, 1] = np.inf  # padding lines: 0 latency, infinite bandwidth
     for i, lines in enumerate(per_key):
         for j, line in enumerate(lines):

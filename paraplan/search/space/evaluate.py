@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -186,19 +186,23 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
         needed = np.zeros(len(uniq), dtype=bool)
         needed[inv[want]] = True
         ctx.lc, ctx.head = _key_tables(space, dev, uniq, rc, needed, plan_of)
+
+        def time_rows(mask: np.ndarray) -> Iterator[int]:
+            """Time the plans of ``mask`` (their communication tables first)."""
+            ctx.comm = comm_tables(space, edp, np.nonzero(mask)[0])
+            return pool.map(lambda b: timing(b, mask), blocks)
+
         if top is not None:  # a first pass finds the top-th best time; the rest must beat it
             bound = work_bound(c["m"], c["pp"], inv, ctx.lc, model.num_dense_layers,
-                               model.num_moe_layers if model.is_moe else 0)
+                               model.num_moe_layers)
             first = first_pass(bound, fits, top)  # only plans that fit set the K-th time
-            ctx.comm = comm_tables(space, edp, np.nonzero(first)[0])
-            list(pool.map(lambda b: timing(b, first), blocks))
+            list(time_rows(first))
             kth = kth_exact(out_step, exact, first, top, cutoff)
             pruned = fits & ~first & (bound >= kth)
             want = want & ~first & ~pruned
             out_lower[pruned], exact[pruned] = bound[pruned], False
-        ctx.comm = comm_tables(space, edp, np.nonzero(want)[0])
         done = 0
-        for count in pool.map(lambda b: timing(b, want), blocks):
+        for count in time_rows(want):
             done += count
             if progress is not None:
                 progress(done, n)
