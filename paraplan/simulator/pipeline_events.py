@@ -162,7 +162,7 @@ def simulate_pipeline(
         t_p2p: One transfer, seconds: a scalar, one per boundary (len p-1; boundary i joins
             stages i and i+1), or len p where the last entry is the rank p-1 -> rank 0 link used
             by interleaved (defaults to the largest boundary).
-        record_events: If False, ``events`` is left empty (about 3x faster; for searches).
+        record_events: If False, ``events`` is left empty (searches need only the totals).
 
     Returns:
         The :class:`Timeline`.
