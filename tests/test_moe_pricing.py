@@ -229,8 +229,9 @@ def test_one_moe_layer_matches_megatron_moe_perf(proxy: str, dispatcher: str) ->
     all-to-alls) against Megatron's measured layer. The harness hides the router's launch
     overhead behind a dummy GEMM, so this is mostly GPU time; paraplan is 2-24% too fast on
     it (README, "MoE runs"): held within 30%, and never slower than measured."""
-    from paraplan.simulator.compute import dispatch_sort_time, mlp_gemm_time
+    from paraplan.simulator.compute import dispatch_sort_time
     from paraplan.simulator.elementwise import elementwise_bytes_per_token
+    from paraplan.simulator.layer_terms import mlp_gemm_time
 
     model = _moe_perf_proxy(proxy)
     cluster = load_cluster("dgx-h100", 1)
@@ -300,7 +301,8 @@ def test_current_scaled_fp8_casts_launch_their_own_kernels_per_expert() -> None:
     local expert's two GEMMs casts its input in the forward and grad_output in the backward
     (weights cached across micro-batches), 2 x 3 launches over the three passes, of which the
     forward GEMM time carries a third (layer_times doubles it for the backward)."""
-    from paraplan.simulator.compute import KERNEL_OVERHEAD_S, expert_gemm_time
+    from paraplan.simulator.compute import KERNEL_OVERHEAD_S
+    from paraplan.simulator.layer_terms import expert_gemm_time
 
     model = load_model("qwen3-30b-a3b")
     gpu = load_cluster("dgx-h100").gpu
@@ -364,7 +366,8 @@ def test_the_attention_half_a_search_shares_prices_the_layer_as_computing_it(ep,
     # The vectorized search computes the projections and attention once per (tp, cp, mbs)
     # and hands them to every MoE key with those (compute.attention_times): the layer must
     # come out bit for bit as when layer_times computes them itself.
-    from paraplan.simulator.compute import attention_times, layer_times
+    from paraplan.simulator.compute import attention_times
+    from paraplan.simulator.layer_terms import layer_times
 
     model = load_model("deepseek-v3")
     training = TrainingSpec(global_batch_size=64, seq_len=4096, precision="fp8")
@@ -456,7 +459,8 @@ def test_fp8_expert_inputs_are_cast_by_their_own_kernel() -> None:
     output itself (tex.split_quantize), so each expert GEMM's fp8 cast also reads the 16-bit
     input (2 B per element) that a dense layer's norm would have cast in place; bf16 runs and
     eager casts (whose 5 B already read it) are unchanged."""
-    from paraplan.simulator.compute import expert_gemm_time, gemm_time
+    from paraplan.simulator.compute import gemm_time
+    from paraplan.simulator.layer_terms import expert_gemm_time
 
     gpu = load_cluster("dgx-h100", 1).gpu
     fp8 = TrainingSpec(global_batch_size=8, seq_len=4096, precision="fp8", fp8_scaling="block")

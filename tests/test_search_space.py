@@ -305,11 +305,11 @@ def test_keys_whose_plans_all_run_out_of_memory_are_never_priced() -> None:
         np.testing.assert_array_equal(values[fits], every.time[part][fits])
     c = space.cols
 
-    def keys(rows: np.ndarray) -> set[tuple[int, ...]]:  # the MoE memo's (zs = 0: fused)
-        return {(int(c["tp"][i]), int(c["cp"][i]), int(c["sp"][i]), int(c["mbs"][i]), 0,
-                 int(c["ep"][i]), int(c["etp"][i])) for i in np.flatnonzero(rows)}
+    def keys(rows: np.ndarray) -> set[tuple[int, ...]]:  # the MoE shared parts' memo key
+        return {(int(c["tp"][i]), int(c["cp"][i]), int(c["sp"][i]), int(c["mbs"][i]), 0)
+                for i in np.flatnonzero(rows)}  # (zs = 0: fused kernels)
 
-    priced = {k[2:] for k in space.memo if k[0] == "moe"}
+    priced = {k[2:] for k in space.memo if k[0] == "moe-shared"}
     assert priced == keys(fits)
     assert priced < keys(np.ones(len(space), dtype=bool))
 

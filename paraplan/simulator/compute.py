@@ -19,8 +19,6 @@ from functools import lru_cache
 from paraplan.simulator import moe as routing
 from paraplan.simulator.attention_shape import attention_shape_factors
 from paraplan.simulator.copies import eager_ring_bytes
-from paraplan.simulator.elementwise import elementwise_bytes_per_token
-from paraplan.simulator.grads import grad_accumulation_time
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -241,7 +239,7 @@ def with_dispatch_sort(times: LayerTimes, sort_s: float) -> LayerTimes:
     once forward and once backward: a permutation's gradient is the inverse permutation of
     the gradient rows, the same bytes (not the two passes other elementwise ops are priced
     at)."""
-    if not sort_s:
+    if isinstance(sort_s, float | int) and not sort_s:  # (arrays: the evaluator's columns)
         return times
     return replace(times, forward_s=times.forward_s + sort_s,
                    backward_s=times.backward_s + sort_s,
@@ -292,78 +290,6 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
         attn_fwd += merge_f
         attn_bwd += merge_b
     return proj, attn_fwd, attn_bwd
-
-
-def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
-                *, moe: bool, attention: tuple[float, float, float] | None = None
-                ) -> LayerTimes:
-    """Forward/backward compute time of one layer, one micro-batch, one rank (seconds).
-
-    Tokens per rank: b*s/cp. The projections and attention are ``attention_times``
-    (``attention``: its result when the caller has it); experts are split by expert-TP, and
-    under EP each rank's experts see, on average, top_k * tokens tokens in total.
-    """
-    tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    if attention is None:
-        attention = attention_times(model, training, plan, device)
-    proj, attn_fwd, attn_bwd = attention
-    experts = expert_gemm_time(model, training, plan, device) if moe else 0.0
-    mlp = mlp_gemm_time(model, training, plan, device, moe=moe, experts_s=experts)
-    elem_fwd = tokens * elementwise_bytes_per_token(model, training, plan, moe=moe) / \
-        device.memory_Bps
-    overhead = KERNELS_PER_LAYER_FWD * KERNEL_OVERHEAD_S
-
-    gemms = proj + mlp
-    forward = gemms + attn_fwd + elem_fwd + overhead
-    backward = 2.0 * gemms + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
-    backward += grad_accumulation_time(model, training, plan, device, moe=moe)
-    return LayerTimes(forward, backward, gemms, attn_fwd, elem_fwd + overhead, experts)
-
-
-def mlp_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,
-                  *, moe: bool, experts_s: float | None = None) -> float:
-    """Forward GEMM seconds of one layer's MLP, one micro-batch, one rank: the TP-split dense
-    MLP, or the MoE block (the router on the rank's dispatched tokens, every local expert's
-    two (three) matrices on its routed rows, the shared experts as a TP-split MLP).
-    ``experts_s``: the routed experts' ``expert_gemm_time`` when the caller has it."""
-    t = plan.tp
-    tokens = plan.micro_batch_size * training.seq_len / plan.cp
-    h = model.hidden_size
-    gate = 2 if model.mlp_matrices == 3 else 1
-    if moe:
-        # The router scores the rank's dispatched tokens; shared experts run as a TP-split
-        # dense MLP on all the layer's tokens (Megatron-Core SharedExpertMLP).
-        router = gemm_time(device, routing.dispatch_tokens(training, plan), model.num_experts, h)
-        if experts_s is None:
-            experts_s = expert_gemm_time(model, training, plan, device)
-        mlp = experts_s + router
-        if model.num_shared_experts:
-            shared = model.num_shared_experts * model.expert_ffn / t
-            mlp += gemm_time(device, tokens, gate * shared, h) + gemm_time(device, tokens, h,
-                                                                           shared)
-    else:
-        ffn = model.ffn_hidden_size / t
-        mlp = gemm_time(device, tokens, gate * ffn, h) + gemm_time(device, tokens, h, ffn)
-    return mlp
-
-
-def expert_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
-                     device: Device) -> float:
-    """Forward GEMM seconds of the rank's routed experts in one MoE layer and micro-batch:
-    every local expert's two (three) matrices on its routed rows, split by expert TP.
-
-    In fp8 each expert GEMM's input is cast by a kernel of its own (``own_cast``): Transformer
-    Engine's grouped linear quantizes the permuted tokens and the activation output it is
-    handed (``tex.split_quantize`` in ``_GroupedLinear.forward``, v2.x
-    transformer_engine/pytorch/module/grouped_linear.py), so the cast reads the 16-bit rows
-    that the permute or the activation wrote, where a dense layer's norm writes fp8 itself."""
-    gate = 2 if model.mlp_matrices == 3 else 1
-    ffn = model.expert_ffn / plan.expert_tp
-    h = model.hidden_size
-    routed = routing.expert_rows(model, training, plan)  # rows per local expert
-    per_expert = gemm_time(device, routed, gate * ffn, h, own_cast=True) \
-        + gemm_time(device, routed, h, ffn, own_cast=True)
-    return max(1, model.num_experts // plan.ep) * per_expert
 
 
 def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

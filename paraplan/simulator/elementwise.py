@@ -68,38 +68,62 @@ def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: 
     grouped GEMM (``EXPERT_BIAS_BYTES``). Counts are for 16-bit elements and scale with the
     element size (fp32 training: x2).
     """
-    h = model.hidden_size
-    t = plan.tp
-    sp = t if plan.sequence_parallel else 1
+    return (shared_elementwise_bytes_per_token(model, training, plan, moe=moe)
+            + (routed_elementwise_bytes_per_token(model, training, plan) if moe else 0.0))
+
+
+def activation_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes per element of the MLP activation's forward (``elementwise_bytes_per_token``)."""
     eager = training.kernels == "eager"
-    norm = norm_bytes(model.norm, eager=eager)
     gated = model.mlp_matrices == 3
     act = (10.0 if eager else 6.0 * ACTIVATION_KERNEL_COST["gated"]) if gated else \
         4.0 * ACTIVATION_KERNEL_COST["plain"]
     if gated and model.glu_clamp:
         act += GLU_CLAMP_BYTES["eager" if eager else "fused"]
-    rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
-    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``), as many as the busiest
-    # rank receives (``moe.load_factor``, as its expert GEMMs); shared experts are TP-split.
-    ffn = model.ffn_hidden_size / t if not moe else (
-        model.expert_ffn * routing.routed_copies_per_token(model, plan) / plan.expert_tp
-        * routing.load_factor(training, plan)
-        + model.expert_ffn * model.num_shared_experts / t)
+    return act
+
+
+def shared_elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec,
+                                       plan: ParallelPlan, *, moe: bool) -> float:
+    """``elementwise_bytes_per_token`` without the routed experts' part: what does not read
+    the plan's ep or expert TP (norms, residual adds, rotary, q/k norms, the dense MLP's or
+    the shared experts' activation, dropout)."""
+    h = model.hidden_size
+    t = plan.tp
+    sp = t if plan.sequence_parallel else 1
+    eager = training.kernels == "eager"
+    norm = norm_bytes(model.norm, eager=eager)
+    # Shared experts (and the dense MLP) are TP-split.
+    ffn = model.ffn_hidden_size / t if not moe else model.expert_ffn * \
+        model.num_shared_experts / t
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention
+    rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
     per_token += rope * att.rope_width / t
     if model.qk_norm:  # per-head RMSNorm of q and k (RMSNorm whatever the layer norm is)
         per_token += norm_bytes("rmsnorm", eager=eager) * (att.q_width + att.k_width) / t
-    per_token += act * ffn
+    per_token += activation_bytes(model, training) * ffn
     if training.dropout:
         per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
-    if moe:
-        # Routing runs on the T dispatched tokens, b s / (cp tp) under SP (not the b s / cp).
-        per_token += (2.0 * routing.permute_elements_per_token(model, plan, eager=eager)
-                      / routing.sp_split(plan))
-        if model.use_bias:  # every routed row's second expert matrix adds its bias
-            rows = routing.routed_copies_per_token(model, plan) * routing.load_factor(training,
-                                                                                      plan)
-            per_token += EXPERT_BIAS_BYTES["eager" if eager else "fused"] * h * rows
     # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
+    return per_token * training.compute_bytes / 2
+
+
+def routed_elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec,
+                                       plan: ParallelPlan) -> float:
+    """The routed experts' part of an MoE layer's ``elementwise_bytes_per_token``: their
+    activation, routing the tokens to them and back, their biases. It reads the plan only
+    through ep, expert TP, the expert-TP gather, the sequence-parallel split and the load
+    factor (``moe.expert_shape``)."""
+    h = model.hidden_size
+    eager = training.kernels == "eager"
+    # Routed rows are ffn / etp wide (``moe.routed_copies_per_token``), as many as the busiest
+    # rank receives (``moe.load_factor``, as its expert GEMMs).
+    rows = routing.routed_copies_per_token(model, plan) * routing.load_factor(training, plan)
+    per_token = activation_bytes(model, training) * model.expert_ffn * rows / plan.expert_tp
+    # Routing runs on the T dispatched tokens, b s / (cp tp) under SP (not the b s / cp).
+    per_token += (2.0 * routing.permute_elements_per_token(model, plan, eager=eager)
+                  / routing.sp_split(plan))
+    if model.use_bias:  # every routed row's second expert matrix adds its bias
+        per_token += EXPERT_BIAS_BYTES["eager" if eager else "fused"] * h * rows
     return per_token * training.compute_bytes / 2

@@ -30,12 +30,17 @@ def grad_accumulation_time(model: ModelSpec, training: TrainingSpec, plan: Paral
     (``accumulation_bytes_per_param``). Under ZeRO-2/3 the gradient is reduce-scattered
     every micro-batch and only the 1/dp shard is accumulated, which this treats as free.
     """
+    shared, routed = layer_grad_params(model, plan, moe=moe)
+    return accumulation_time(shared + routed, training, plan, device)
+
+
+def layer_grad_params(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -> tuple[float, float]:
+    """Parameters of one layer on one rank whose gradients it accumulates: (TP-split ones,
+    the routed experts' ``E / (ep etp)`` share; 0 for a dense layer)."""
     if moe:
-        params = model.moe_layer_shared_params / plan.tp + (
-            model.num_experts * model.expert_params / (plan.ep * plan.expert_tp))
-    else:
-        params = model.dense_layer_params / plan.tp
-    return accumulation_time(params, training, plan, device)
+        return (model.moe_layer_shared_params / plan.tp,
+                model.num_experts * model.expert_params / (plan.ep * plan.expert_tp))
+    return model.dense_layer_params / plan.tp, 0.0
 
 
 def accumulation_bytes_per_param(training: TrainingSpec) -> float:

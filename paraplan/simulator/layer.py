@@ -3,7 +3,7 @@ and the TP collectives outside the layers (embedding, LM head, loss)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,6 @@ from paraplan.simulator.compute import (
     LayerTimes,
     dispatch_sort_time,
     gemm_time,
-    layer_times,
     with_dispatch_sort,
 )
 from paraplan.simulator.grads import FP32_BYTES
@@ -27,8 +26,16 @@ from paraplan.simulator.layer_compose import (
     overlapped_a2a,
     unpartnered_share,
 )
+from paraplan.simulator.layer_terms import (
+    NO_ROUTED,
+    RoutedTerms,
+    SharedTerms,
+    compose_times,
+    routed_terms,
+    shared_terms,
+)
 from paraplan.simulator.loss import lm_head_times
-from paraplan.simulator.tp_overlap import with_tp_overlap
+from paraplan.simulator.tp_overlap import tp_overlap_split_time
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -84,7 +91,53 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
     """``layer_parts``' compute times and exposed TP and CP traffic (forward, backward):
     everything but the expert all-to-alls, so nothing here reads the MoE dispatcher or its
     overlap (``training.moe_dispatcher``, ``moe_a2a_overlap``). ``attention``: the plan's
-    ``compute.attention_times`` when the caller has it."""
+    ``compute.attention_times`` when the caller has it. ``compose_parts`` of the layer's
+    ``shared_parts`` and (MoE layers) ``layer_terms.routed_terms``."""
+    routed = routed_terms(model, training, plan, device) if moe else NO_ROUTED
+    return compose_parts(shared_parts(model, topo, training, plan, device, moe=moe,
+                                      base_rank=base_rank, attention=attention), routed)
+
+
+@dataclass(frozen=True)
+class SharedParts:
+    """What of ``layer_compute_parts`` does not read ep or expert TP (seconds; numbers, or
+    numpy arrays of one value per plan key in the evaluator)."""
+
+    terms: SharedTerms
+    split_fwd_s: Any
+    """``tp_overlap.tp_overlap_split_time``: the userbuffers overlap's slower GEMMs."""
+    split_bwd_s: Any
+    tp_s: Any
+    """The TP collectives of one forward, before any overlap."""
+    tp_cover: Any
+    """Share of the layer's forward GEMMs each TP collective hides under (0: no overlap)."""
+    tp_cover_sms: Any
+    """Share of the covered collective's time the GEMMs lose to its SMs."""
+    cp_s: Any
+    cp_bwd_s: Any
+
+
+def compose_parts(shared: SharedParts, routed: RoutedTerms
+                  ) -> tuple[LayerTimes, Any, Any, Any]:
+    """``layer_compute_parts`` from its two parts (numbers or numpy arrays)."""
+    lt = compose_times(shared.terms, routed)
+    lt = replace(lt, forward_s=lt.forward_s + shared.split_fwd_s,
+                 backward_s=lt.backward_s + shared.split_bwd_s)
+    cover = lt.gemm_fwd_s * shared.tp_cover
+    tp_c = shared.tp_s - _least(shared.tp_s, cover) * (1.0 - shared.tp_cover_sms)
+    return lt, tp_c, shared.cp_s, shared.cp_bwd_s
+
+
+def _least(a: Any, b: Any) -> Any:
+    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) \
+        else min(a, b)
+
+
+def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
+                 device: Device, *, moe: bool, base_rank: int = 0,
+                 attention: tuple[float, float, float] | None = None) -> SharedParts:
+    """``SharedParts`` of one layer: it reads the plan's tp, cp, sequence parallelism,
+    micro-batch size, TP overlap, placement and whether ZeRO >= 2."""
     t, cp = plan.tp, plan.cp
 
     def on(ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -92,9 +145,9 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
 
     mb_tokens = plan.micro_batch_size * training.seq_len / cp
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
-    lt = with_tp_overlap(layer_times(model, training, plan, device, moe=moe,
-                                     attention=attention), model, training, plan, device, moe)
-    tp_c = 0.0
+    terms = shared_terms(model, training, plan, device, moe=moe, attention=attention)
+    split_fwd, split_bwd = tp_overlap_split_time(model, training, plan, device, moe=moe)
+    tp_c = cover = sms = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))
         if plan.sequence_parallel:
@@ -103,11 +156,11 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
         else:
             tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
         if plan.tp_comm_overlap:
-            # Chunks under the adjacent GEMM (a quarter of the layer's GEMMs per collective);
-            # the SMs it holds: ``with_tp_overlap`` (userbuffers), NCCL's (async TP).
-            cover = lt.gemm_fwd_s / 4
+            # Chunks under the adjacent GEMM (a quarter of the layer's GEMMs per collective,
+            # routed experts included: ``compose_parts``); the SMs it holds:
+            # ``tp_overlap_split_time`` (userbuffers), NCCL's (async TP).
+            cover = 0.25
             sms = device.nccl_slowdown if training.tp_overlap == "async_tp" else 0.0
-            tp_c = max(0.0, tp_c - cover) + min(tp_c, cover) * sms
     cp_c = cp_b = 0.0
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
@@ -119,8 +172,8 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
                         ring.latency_s)
         # What the attention cannot cover stays exposed; the covered part costs NCCL's SMs
         # (as for every overlapped collective: ``Device.nccl_slowdown``).
-        ring_s, cover = (cp - 1) * step, lt.attention_fwd_s
-        ring_c = max(0.0, ring_s - cover) + min(ring_s, cover) * device.nccl_slowdown
+        ring_s, under = (cp - 1) * step, terms.attention_fwd_s
+        ring_c = max(0.0, ring_s - under) + min(ring_s, under) * device.nccl_slowdown
         # Backward: K/V travel again and dK/dV with them, at the accumulator's width (PyTorch
         # sends fp32 dK/dV: torch/distributed/tensor/experimental/_attention.py).
         # dK/dV go round cp times there (dkv_rotater sends at every step), K/V cp - 1 times.
@@ -136,10 +189,12 @@ def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec
             # _templated_ring_attention_backward).
             gather = coll.group_collective(topo, on(tuple(range(0, t * cp, t))), "all_gather",
                                            kv * cp)
-            first = lt.attention_fwd_s / cp
+            first = terms.attention_fwd_s / cp
             cp_c = max(0.0, gather - first) + min(gather, first) * device.nccl_slowdown
             cp_b = cp_c + dkv * ring_c
-    return lt, tp_c, cp_c, cp_b
+    return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b)
+
+
 
 
 def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,

@@ -146,6 +146,15 @@ def sort_elements_per_token(model: ModelSpec, training: TrainingSpec, plan: Para
             * load_factor(training, plan))
 
 
+def expert_shape(training: TrainingSpec, plan: ParallelPlan) -> tuple:
+    """Everything of the plan ``layer_terms.routed_terms`` reads: ep, expert TP, the expert-TP
+    gather (``etp_gather``), the sequence-parallel split (``sp_split``), the tokens each rank
+    routes (``dispatch_tokens``), the capacity factor and whether ZeRO >= 2 (no accumulation
+    pass); plans with equal shapes have equal routed-expert costs."""
+    return (plan.ep, plan.expert_tp, etp_gather(plan), sp_split(plan),
+            dispatch_tokens(training, plan), plan.moe_capacity_factor, plan.zero_stage >= 2)
+
+
 def a2a_shape(training: TrainingSpec, plan: ParallelPlan) -> tuple:
     """Everything of the plan ``layer_a2a_time`` reads (placed from rank 0): ep, expert TP,
     the expert-TP gather (``moe.etp_gather``), the tokens each rank routes

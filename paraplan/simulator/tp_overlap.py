@@ -13,9 +13,7 @@ as long as the GEMM runs. The exposed communication that remains is
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from paraplan.simulator.compute import Device, LayerTimes, gemm_time
+from paraplan.simulator.compute import Device, gemm_time
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -38,7 +36,7 @@ def tp_overlap_split_time(model: ModelSpec, training: TrainingSpec, plan: Parall
     reduce-scatter) and the QKV and FC1 data gradients (bulk reduce-scatter) run on the
     SMs their ``UB_COMM_SMS`` communication SMs leave, sm / (sm - 16) times as long; the
     ring-exchange GEMMs lose nothing (copy engines). The whole GEMMs are
-    ``compute.attention_times`` and ``compute.mlp_gemm_time``. The overlap covers the
+    ``compute.attention_times`` and ``layer_terms.mlp_gemm_time``. The overlap covers the
     projections that read or write the hidden state and the dense MLP (an MoE layer's
     experts sit behind the expert all-to-alls instead)."""
     t = plan.tp
@@ -60,13 +58,3 @@ def tp_overlap_split_time(model: ModelSpec, training: TrainingSpec, plan: Parall
     fwd = sum(gemm_time(device, m, n, k) for k, n in scattered) * slower
     bwd = sum(gemm_time(device, m, k, n) for k, n in gathered) * slower  # data gradients
     return fwd, bwd
-
-
-def with_tp_overlap(times: LayerTimes, model: ModelSpec, training: TrainingSpec,
-                    plan: ParallelPlan, device: Device, moe: bool) -> LayerTimes:
-    """``times`` with ``tp_overlap_split_time`` added to the forward and backward passes."""
-    fwd, bwd = tp_overlap_split_time(model, training, plan, device, moe=moe)
-    if not (fwd or bwd):
-        return times
-    return replace(times, forward_s=times.forward_s + fwd, backward_s=times.backward_s + bwd)
-

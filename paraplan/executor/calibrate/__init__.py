@@ -8,7 +8,7 @@ same time (as the executor's ranks do, ``threads`` torch threads each):
 - memory bandwidth: a large tensor copy, (bytes read + bytes written) / seconds, per rank;
 - fused attention (``scaled_dot_product_attention``, causal) forward and backward, as the
   fraction of the GEMM peak it reaches under the simulator's FLOP accounting (forward
-  ``0.5 * 4 b s^2 a d``, backward 2.5x that: ``paraplan.simulator.compute.layer_times``);
+  ``0.5 * 4 b s^2 a d``, backward 2.5x that: ``paraplan.simulator.layer_terms.layer_times``);
 - eager elementwise kernels of a GPT layer (two LayerNorms, two residual adds, GELU, forward
   and backward), as the fraction of the copy bandwidth they reach under the simulator's byte
   accounting (``elementwise_bytes_per_token``);

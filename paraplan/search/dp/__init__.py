@@ -15,7 +15,7 @@ Two exact (or conservatively discretised) DPs over the simulator's own cost mode
   Transformer Training over Multiple GPUs Using Automatic Parallelism", sec 4, which runs a
   knapsack DP over layers with discretised memory) and Checkmate (Jain et al. 2020).
 
-Costs come from the simulator (``simulator.compute.layer_times`` / ``step.head_times``, exposed
+Costs come from the simulator (``simulator.layer_terms.layer_times`` / ``step.head_times``, exposed
 TP/CP/EP communication as ``simulator.step.simulate`` charges it, ``memory.pipeline_memory``
 with the schedule's in-flight micro-batches), so ``simulate`` of the returned plan reports the
 same stage times and memory. Times are seconds, memory is bytes internally and GiB (2^30

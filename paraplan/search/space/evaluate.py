@@ -15,28 +15,19 @@ from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.comm_tables import comm_tables
 from paraplan.search.space.fix import RECOMPUTES
 from paraplan.search.space.keys import key_index
+from paraplan.search.space.moe_keys import moe_parts
 from paraplan.search.space.prune import first_pass, kth_exact, work_bound
-from paraplan.simulator.compute import (
-    Device,
-    attention_times,
-    dispatch_sort_time,
-    with_dispatch_sort,
-)
+from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
     LayerParts,
-    a2a_overlap_share,
     compose_columns,
-    host_stall,
-    layer_a2a_time,
-    layer_compute_parts,
     lm_head_cost,
     mtp_columns,
     mtp_projection_time,
 )
 from paraplan.simulator.memory import WORKING_SET_RECOMPUTES, GiB, layer_activation_bytes
-from paraplan.simulator.moe import a2a_shape
 from paraplan.simulator.step import layer_parts
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
@@ -247,8 +238,10 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
     modules, for the ``needed`` keys (the rows of the others stay 0: no plan reads them).
 
     Each part is computed once per the plan fields it reads (``layer_parts``' docstring lists
-    them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers per those and
-    (ep, etp), the all-to-alls per ``moe.a2a_shape``; composing under recompute runs on arrays.
+    them): dense layers and the head per (tp, cp, sp, mbs, zs), MoE layers in parts
+    (``moe_keys.moe_parts``: the shared part per those, the routed experts per
+    ``moe.expert_shape``, the all-to-alls per ``moe.a2a_shape``); composing under recompute
+    runs on arrays.
     All but the expert all-to-alls read neither the MoE dispatcher nor its overlap, so the
     spaces of the other MoE run settings (``derive_space``) take them from ``space.memo``."""
     model, training, topo = space.model, space.training, space.cluster.topology
@@ -280,35 +273,7 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
     sub[:, 1] = sub[:, 0]
     if model.is_moe:
         mu, minv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7, 5, 6)])
-        attention: dict[tuple[int, int, int], tuple[float, float, float]] = {}
-
-        def moe_row(key: list[int]) -> tuple[float, ...]:
-            hit = memo.get(("moe", run_free, *key))
-            if hit is None:
-                plan = plan_of(*key)
-                # Projections and attention read only (tp, cp, mbs): shared by the MoE keys.
-                att = attention.get((key[0], key[1], key[3]))
-                if att is None:
-                    att = attention[key[0], key[1], key[3]] = attention_times(
-                        model, training, plan, dev)
-                hit = memo[("moe", run_free, *key)] = (plan, layer_compute_parts(
-                    model, topo, training, plan, dev, moe=True, attention=att))
-            plan, (lt, tp_c, cp_c, cp_b) = hit
-            # The all-to-alls read the dispatcher, not the overlap, and of the plan only its
-            # a2a_shape: the space of the other overlap setting (derive_space) and plans with
-            # the same shape take them from the memo.
-            # So does the dispatcher's sort by local expert (``compute.dispatch_sort_time``).
-            a2a_key = ("a2a", run_free, training.moe_dispatcher, *a2a_shape(training, plan))
-            hit = memo.get(a2a_key)
-            if hit is None:
-                hit = memo[a2a_key] = (layer_a2a_time(model, topo, training, plan, moe=True),
-                                       dispatch_sort_time(model, training, plan, dev))
-            ep_c, sort_s = hit
-            overlap = a2a_overlap_share(training, plan, dev, moe=True)
-            return parts_row(LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_c, cp_b,
-                                        overlap, host_stall(dev, plan, moe=True)))
-
-        mparts = np.array([moe_row(key) for key in mu.tolist()]).reshape(len(mu), PARTS)
+        mparts = moe_parts(space, dev, mu, plan_of, run_free)
         sub[:, 1] = np.stack(compose_columns(*mparts[minv].T, krc), axis=1)
     h = dhead[dinv]
     head = h[:, :3]
