@@ -20,7 +20,7 @@ from paraplan.search.space import (
     evaluate_space,
     parse_fix,
 )
-from paraplan.search.space.keys import key_index
+from paraplan.search.space.keys import group_rows, key_index
 from paraplan.simulator.pipeline import SCHEDULES, pipeline_time
 from paraplan.simulator.step import even_split
 from paraplan.specs.errors import SpecError
@@ -237,6 +237,24 @@ def test_key_index_matches_sorting_the_codes(data, ncols: int, nrows: int) -> No
         finally:
             block.DENSE_KEYS = old
         assert np.array_equal(keys, want) and np.array_equal(where, inv.reshape(-1))
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), ncols=st.integers(1, 3), nrows=st.integers(1, 300),
+       runs=st.booleans())
+def test_group_rows_is_a_stable_sort_by_key(data, ncols: int, nrows: int, runs: bool) -> None:
+    """group_rows gives key_index's keys, the rows of a stable sort by its inverse and each
+    group's bounds, whether the rows come in long runs (as a plan space's (pp, vpp) do) or
+    not."""
+    cols = [np.array(data.draw(st.lists(st.integers(0, 5), min_size=nrows, max_size=nrows)),
+                     dtype=np.int64) for _ in range(ncols)]
+    if runs:
+        cols = [np.sort(c) for c in cols]
+    keys, inv = key_index(cols)
+    order = np.argsort(inv, kind="stable")
+    got_keys, got_order, bounds = group_rows(cols)
+    assert np.array_equal(got_keys, keys) and np.array_equal(got_order, order)
+    assert np.array_equal(bounds, np.searchsorted(inv[order], np.arange(len(keys) + 1)))
 
 
 def test_key_index_sorts_the_rows_where_the_code_would_overflow():

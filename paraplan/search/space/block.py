@@ -107,31 +107,40 @@ def _stages(model, p: int, v: int) -> _Stages:
 def _stage_params(model, st: _Stages, p: int, t: np.ndarray, ep: np.ndarray,
                   etp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Dense (TP-split) and expert parameters on each plan's rank of each stage class."""
+    dense, experts = _stage_param_rows(model, st, p)
+    dense_r = dense[None, :] / t[:, None]
+    if model.is_moe:
+        return dense_r, experts[None, :] / (ep * etp).astype(float)[:, None]
+    return dense_r, np.zeros((len(t), len(st.rr)))
+
+
+def _stage_param_rows(model, st: _Stages, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_stage_params`` before the per-plan division: each stage class's dense parameters
+    (to divide by tp) and expert parameters (to divide by ep * etp)."""
     shared = model.moe_layer_shared_params if model.is_moe else 0.0
     head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
                                           if model.tie_word_embeddings and p > 1 else 0) \
         + model.mtp_dense_params
-    dense_r = (st.ndense * model.dense_layer_params + st.nmoe * shared
-               + st.first * model.embedding_params + st.last * head_params)[None, :] \
-        / t[:, None]
-    if model.is_moe:
-        exp_r = (st.nmoe * model.num_experts * model.expert_params
-                 + st.last * model.mtp_expert_params)[None, :] \
-            / (ep * etp).astype(float)[:, None]
-    else:
-        exp_r = np.zeros((len(t), len(st.rr)))
-    return dense_r, exp_r
+    dense = (st.ndense * model.dense_layer_params + st.nmoe * shared
+             + st.first * model.embedding_params + st.last * head_params)
+    experts = (st.nmoe * model.num_experts * model.expert_params
+               + st.last * model.mtp_expert_params) if model.is_moe else np.zeros(len(st.rr))
+    return np.asarray(dense, dtype=float), np.asarray(experts, dtype=float)
 
 
 def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
                  out_peak: np.ndarray, out_worst: np.ndarray) -> np.ndarray:
     """Peak memory (GiB) and worst stage of the plans ``idx`` of a (pp, vpp) block, written
     to ``out_peak`` and ``out_worst``; returns which of them fit. Reads ``ctx.acts``, not the
-    time tables."""
+    time tables.
+
+    Every term but the in-flight activations is a sum of (per plan) x (per stage class)
+    products, so each group of them is one small matrix product ``[plans, k] @ [k, stages]``
+    (``memory.pipeline_memory``'s terms, per plan and stage class)."""
     model, training, c = space.model, space.training, space.cols
     cb = ctx.cb
     st = _stages(model, p, v)
-    rr, layers, nmoe, first, last = st.rr, st.layers, st.nmoe, st.first, st.last
+    rr, layers, first, last = st.rr, st.layers, st.first, st.last
     t = c["tp"][idx].astype(float)
     ep, etp = c["ep"][idx], c["etp"][idx]
     dp, cp = c["dp"][idx], c["cp"][idx]
@@ -139,8 +148,11 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     sched = c["sched"][idx]
     mi = c["m"][idx]
     e_dp = ctx.edp[idx]
-    nmoe_mem = nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
-    dense_r, exp_r = _stage_params(model, st, p, t, ep, etp)
+    nmoe_mem = st.nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
+    # Dense (TP-split) and expert parameters of each stage class, per 1/tp and 1/(ep etp).
+    dense_s, exp_s = _stage_param_rows(model, st, p)
+    inv_t = 1.0 / t
+    inv_e = 1.0 / (ep * etp).astype(float) if model.is_moe else np.zeros(len(idx))
     # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
     # expert parameter (sharded over dp*cp / expert-DP from ZeRO stage 3, 2, 1 on) times
     # the stage's parameters. FSDP's zero-3 shard is the fp32 master itself (memory.py).
@@ -153,32 +165,33 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
         return weight + np.where(z >= 2, inv, 1.0) * training.grad_buffer_bytes \
             + np.where(z >= 1, inv, 1.0) * training.optimizer_state_bytes_per_param
 
-    static = dense_r * per_param(inv_ddp)[:, None]
-    if model.is_moe:
-        static = static + exp_r * per_param(inv_edp)[:, None]
     mbs = c["mbs"][idx].astype(float)
     s_local = training.seq_len / cp.astype(float)
     per_logit = loss_bytes_per_logit(training)
     a = ctx.acts[ctx.inv[idx]]
-    act_static = (layers > 0)[None, :] * a[:, 2, None] \
-        + last[None, :] * (per_logit * s_local * mbs * model.vocab_size / t
-                           * (1 + model.num_mtp_layers))[:, None] \
-        + first[None, :] * (2.0 * s_local * mbs * model.hidden_size)[:, None]
+    # Static bytes (weights, gradients, optimizer state; the working set of a layer, the
+    # logits and the embedding output): per plan x per stage class.
+    plan_terms = np.stack([
+        per_param(inv_ddp) * inv_t, per_param(inv_edp) * inv_e, a[:, 2],
+        per_logit * s_local * mbs * model.vocab_size * inv_t * (1 + model.num_mtp_layers),
+        2.0 * s_local * mbs * model.hidden_size], axis=1)
+    stage_terms = np.stack([dense_s, exp_s, (layers > 0).astype(float), last, first])
+    static = plan_terms @ stage_terms
     if model.is_moe:
         layer_params = np.maximum(model.dense_layer_params,
                                   model.moe_layer_params / np.maximum(1, ep))
     else:
         layer_params = float(model.dense_layer_params)
+    buckets = np.minimum(np.stack([inv_t, inv_e], axis=1) @ np.stack([dense_s, exp_s]),
+                         DDP_BUCKET_ELEMENTS)
     other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES \
         + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)[:, None] \
-        + np.where((dp > 1) & (z < 3), 1.0, 0.0)[:, None] \
-        * np.minimum(dense_r + exp_r, DDP_BUCKET_ELEMENTS) * 4.0
+        + np.where((dp > 1) & (z < 3), 4.0, 0.0)[:, None] * buckets
     chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)  # moe.a2a_overlap_warmup
     warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
                     overlap_extra(model.num_layers, p, chunks), 0.0)
     infl = inflight(sched, p, mi, v, rr, warm)
-    act = (st.ndense[None, :] * a[:, 0, None] + nmoe_mem[None, :] * a[:, 1, None]) * infl \
-        + act_static
+    act = (a[:, :2] @ np.stack([st.ndense, nmoe_mem])) * infl
     peak = (1.0 + ALLOCATOR_FRAGMENTATION) * (static + act) + other
     worst = np.argmax(peak, axis=1)
     peak_w = peak[np.arange(len(idx)), worst] / GiB

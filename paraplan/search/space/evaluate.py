@@ -14,7 +14,7 @@ from paraplan.search.space.block import Context, block_memory, block_time
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.comm_tables import comm_tables
 from paraplan.search.space.fix import RECOMPUTES
-from paraplan.search.space.keys import key_index
+from paraplan.search.space.keys import group_rows, key_index
 from paraplan.search.space.moe_keys import moe_parts
 from paraplan.search.space.prune import first_pass, kth_exact, work_bound
 from paraplan.simulator.compute import Device
@@ -146,9 +146,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
                   exact_interleaved=exact_interleaved, inv=inv, lc=np.zeros((0, 2, 9)),
                   acts=acts, head=np.zeros((0, 3)),
                   edp=edp, overlap_p2p=bool(const.get("overlap_p2p_comm", False)))
-    pv, pvinv = key_index([c["pp"], c["v"]])
-    order = np.argsort(pvinv, kind="stable")
-    bounds = np.searchsorted(pvinv[order], np.arange(len(pv) + 1))
+    pv, order, bounds = group_rows([c["pp"], c["v"]])
     blocks = [(int(p), int(v), order[a:min(a + BLOCK_ROWS, bounds[g + 1])])
               for g, (p, v) in enumerate(pv) for a in range(bounds[g], bounds[g + 1], BLOCK_ROWS)]
     blocks.sort(key=lambda b: -len(b[2]))  # largest first balances the workers

@@ -1,4 +1,4 @@
-"""Compact keys of plan-field combinations (``key_index``), a priced plan's key
+"""Compact keys of plan-field combinations (``key_index``, ``group_rows``), a priced plan's key
 (``plan_key``) and the (alpha, beta) lines of one group's collective (``group_lines``), shared
 by the vectorized evaluator's stages and the searchers."""
 
@@ -60,6 +60,31 @@ def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         digits.append(v[rest % len(v)])
         rest = rest // len(v)
     return np.stack(digits[::-1], axis=1).astype(np.int64), inv.reshape(-1)
+
+
+def group_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows grouped by their values in ``cols``: (the distinct rows as ``key_index`` gives
+    them, the row indices group after group with each group's rows in their order, and the
+    groups' bounds in that order: group g is ``order[bounds[g]:bounds[g + 1]]``), the result
+    of a stable sort by ``key_index``'s inverse. Works on the runs of equal rows, so a space
+    whose rows come in long runs (a plan space's (pp, vpp): each structural block's grid
+    repeats them) is grouped in a few passes over its rows, not sorted."""
+    n = cols[0].shape[0]
+    if n == 0:
+        return (np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64),
+                np.zeros(1, dtype=np.int64))
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for col in cols:
+        change[1:] |= col[1:] != col[:-1]
+    starts = np.flatnonzero(change)
+    lengths = np.diff(np.append(starts, n))
+    keys, run_group = key_index([col[starts] for col in cols])
+    runs = np.argsort(run_group, kind="stable")  # each group's runs in row order
+    offsets = np.cumsum(lengths[runs]) - lengths[runs]
+    order = np.repeat(starts[runs] - offsets, lengths[runs]) + np.arange(n)
+    sizes = np.bincount(run_group, weights=lengths, minlength=len(keys)).astype(np.int64)
+    return keys, order, np.concatenate([[0], np.cumsum(sizes)])
 
 
 def plan_key(report: StepReport) -> str:
