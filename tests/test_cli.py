@@ -300,3 +300,44 @@ def test_moe_host_sync_option_sets_the_stall_and_rejects_bad_values():
         res = run(*args, "--moe-host-sync-ms", bad)
         assert res.returncode == 2 and "--moe-host-sync-ms" in res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_moe_dispatcher_sms_option_prices_the_overlap_and_rejects_bad_values():
+    """Under the all-to-all overlap the flex dispatcher's SMs are taken from the compute beside
+    it: NVIDIA's HybridEP benchmarks hold 32 SMs, not DeepEP's default 20, so the same plan is
+    slower; without the overlap the option changes nothing."""
+    args = ("simulate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2",
+            "--plan", "tp=1,ep=16,mbs=1,zero=1", "--global-batch", "1024", "--seq-len", "4096",
+            "--moe-dispatcher", "hierarchical", "--moe-imbalance", "1.0", "--format", "json")
+
+    def step(*extra: str) -> float:
+        res = run(*args, *extra)
+        assert res.returncode == 0, res.stderr
+        return json.loads(res.stdout)["step_time_s"]
+
+    assert step("--moe-a2a-overlap", "--moe-dispatcher-sms", "32") > \
+        step("--moe-a2a-overlap") == step("--moe-a2a-overlap", "--moe-dispatcher-sms", "20")
+    assert step("--moe-dispatcher-sms", "32") == step()
+    for bad in ("0", "5000", "x"):
+        res = run(*args, "--moe-dispatcher-sms", bad)
+        assert res.returncode == 2 and "--moe-dispatcher-sms" in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_a_best_result_keeps_its_dispatcher_sms_when_simulated_again(tmp_path):
+    """``best --moe-dispatcher-sms`` records the count with each plan, so ``simulate --plan
+    best.json`` prices the plan as it was ranked."""
+    out = tmp_path / "best.json"
+    common = ("--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2",
+              "--global-batch", "1024", "--seq-len", "4096", "--moe-imbalance", "1.0")
+    res = run("best", *common, "--moe-dispatcher", "hierarchical", "--moe-a2a-overlap",
+              "--moe-dispatcher-sms", "32", "--fix", "ep=16,tp=1,pp=1", "--top", "1",
+              "--format", "json")
+    assert res.returncode == 0, res.stderr
+    out.write_text(res.stdout)
+    best = json.loads(res.stdout)["plans"][0]
+    assert best["moe_dispatcher_sms"] == 32 and best["moe_dispatcher"] == "hierarchical"
+    again = run("simulate", *common, "--plan", str(out), "--format", "json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["step_time_s"] == pytest.approx(best["step_time_s"],
+                                                                   rel=1e-12)

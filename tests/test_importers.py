@@ -114,6 +114,30 @@ def test_a_users_own_megatron_launch_is_priced_as_written(tmp_path: Path):
     assert res.returncode == 2 and "num_layers=32" in res.stderr
 
 
+def test_the_flex_dispatchers_sms_round_trip_through_a_megatron_launch(tmp_path: Path):
+    """``moe_dispatcher_sms`` is exported as core_v0.15.3's --moe-deepep-num-sms and read back
+    from it (or from the later --moe-flex-dispatcher-num-sms); a bad count is a clear error."""
+    model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    tr, plan = apply_trainer(load_trainer("megatron-core"), TrainingSpec(
+        global_batch_size=256, seq_len=4096, moe_dispatcher="hierarchical",
+        moe_a2a_overlap=True, moe_dispatcher_sms=32), parse_plan("tp=1,pp=1,ep=8,zero=1,mbs=1"))
+    assert tr.moe_dispatcher_sms == 32
+    text = export_text("megatron", export_context(model, tr, plan, cluster=cl))
+    assert "--moe-deepep-num-sms 32" in text
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    assert read_trainer_config(script, text).training["moe_dispatcher_sms"] == 32
+    later = text.replace("--moe-deepep-num-sms 32", "--moe-flex-dispatcher-num-sms 24")
+    assert read_trainer_config(script, later).training["moe_dispatcher_sms"] == 24
+    for bad in ("many", "\u00b2", "0", "4096"):
+        with pytest.raises(ImportError_, match="--moe-deepep-num-sms"):
+            read_trainer_config(script, text.replace("--moe-deepep-num-sms 32",
+                                                     f"--moe-deepep-num-sms {bad}"))
+    default = export_text("megatron", export_context(
+        model, tr.model_copy(update={"moe_dispatcher_sms": None}), plan, cluster=cl))
+    assert "--moe-deepep-num-sms" not in default
+
+
 @pytest.mark.parametrize(("name", "text", "needle"), [
     ("a.toml", "[training]\nseq_len = 1\n[parallelism]\ntensor_parallel_degree = true\n",
      "must be an integer"),

@@ -89,3 +89,18 @@ def test_plans_with_one_expert_shape_have_one_routed_cost(tp, cp, sp, mbs, ep, e
     whole = layer_times(model, tr, plan, dev, moe=True)
     assert compose_times(shared_terms(model, tr, plan, dev, moe=True), routed) == whole
     assert whole.expert_fwd_s == routed.gemm_fwd_s > 0
+
+
+def test_a_moe_space_where_nothing_fits_prices_no_keys() -> None:
+    """Every plan out of memory: no MoE key is priced and the evaluator returns no times
+    (``best`` then says no plan fits, as before the parts were priced apart)."""
+    from paraplan.search.space import evaluate_space
+
+    model, cl = load_model("deepseek-v3"), load_cluster("dgx-h100", nodes=1)
+    space = build_space(model, cl, TrainingSpec(global_batch_size=64, seq_len=4096))
+    ev = evaluate_space(space)
+    assert len(space) > 0 and not ev.feasible.any()
+    assert np.isnan(ev.step_time_s).all()
+    assert moe_parts(space, Device.of_training(cl.gpu, space.training),
+                     np.zeros((0, 7), dtype=np.int64), _plan_maker(space),
+                     _run_free(space)).shape == (0, 12)

@@ -529,3 +529,42 @@ def test_no_host_stall_with_a_capacity_factor() -> None:
     dropless = _parts(tr, ParallelPlan(tp=1, ep=32, etp=1))
     padded = _parts(tr, ParallelPlan(tp=1, ep=32, etp=1, moe_capacity_factor=1.5))
     assert dropless.host_stall_s == pytest.approx(6e-4) and padded.host_stall_s == 0.0
+
+
+def test_the_flex_dispatchers_sms_set_the_overlaps_share_of_compute() -> None:
+    """``TrainingSpec.moe_dispatcher_sms``: the hierarchical dispatcher's kernels take that
+    share of the GPU's SMs under the overlap (DeepEP's 20 by default; NVIDIA's HybridEP
+    benchmarks 32, Megatron-Bridge ``_benchmark_common``); capped at the GPU's SMs; the NCCL
+    all-to-all keeps NCCL's share; no share without the overlap."""
+    from paraplan.simulator.layer import a2a_overlap_share
+
+    gpu = load_cluster("dgx-h100", nodes=1).gpu
+    plan = ParallelPlan(ep=8)
+    base = TrainingSpec(global_batch_size=64, seq_len=4096, moe_dispatcher="hierarchical",
+                        moe_a2a_overlap=True)
+    dev = Device.of_training(gpu, base)
+
+    def share(**update) -> float | None:
+        return a2a_overlap_share(base.model_copy(update=update), plan, dev, moe=True)
+
+    assert share() == pytest.approx(20 / 132)
+    assert share(moe_dispatcher_sms=32) == pytest.approx(32 / 132)
+    assert share(moe_dispatcher_sms=1000) == 1.0
+    assert share(moe_dispatcher="alltoall", moe_dispatcher_sms=32) == dev.nccl_slowdown
+    assert share(moe_a2a_overlap=False, moe_dispatcher_sms=32) is None
+    with pytest.raises(ValueError):
+        TrainingSpec(global_batch_size=64, seq_len=4096, moe_dispatcher_sms=0)
+
+
+def test_nvidias_hybridep_rows_run_on_32_sms() -> None:
+    """The bundled Megatron-Bridge MoE rows that run HybridEP carry the 32 SMs NVIDIA's
+    benchmark harness gives it; the DeepEP and all-to-all rows keep the default."""
+    from paraplan.validate.published import load_published_throughput
+
+    rows = [r for r in load_published_throughput() if r.model.is_moe]
+    sms = {r.training.moe_dispatcher_sms for r in rows
+           if r.training.moe_dispatcher == "hierarchical"}
+    assert sms == {None, 32}
+    assert all(r.training.moe_dispatcher_sms is None for r in rows
+               if r.training.moe_dispatcher == "alltoall")
+    assert sum(r.training.moe_dispatcher_sms == 32 for r in rows) == 12

@@ -29,7 +29,8 @@ MoeOverlapOpt = Annotated[bool | None, typer.Option(
     "the trainer's.")]
 TRAINING_FLAGS = {"global_batch_size": "--global-batch", "seq_len": "--seq-len",
                   "precision": "--precision", "moe_dispatcher": "--moe-dispatcher",
-                  "moe_load_imbalance": "--moe-imbalance", "moments_dtype": "--moments-dtype"}
+                  "moe_load_imbalance": "--moe-imbalance", "moments_dtype": "--moments-dtype",
+                  "moe_dispatcher_sms": "--moe-dispatcher-sms"}
 """The TrainingSpec fields the command line sets, by the option that sets them."""
 MomentsDtypeOpt = Annotated[str | None, typer.Option(
     "--moments-dtype", help="Adam moments in fp32 (default) or bf16 (Megatron "
@@ -40,6 +41,10 @@ MoeHostSyncOpt = Annotated[float | None, typer.Option(
     "the dispatcher's device-to-host sync, ms on a DGX H100 host (Grace hosts scale it). "
     "Default: the trainer's (megatron-core 0.616, NVIDIA's profile; 0 for sync-free MoE under "
     "full CUDA graphs, core_v0.18+).")]
+MoeDispatcherSmsOpt = Annotated[int | None, typer.Option(
+    "--moe-dispatcher-sms", help="SMs the hierarchical (DeepEP/HybridEP) dispatcher's kernels "
+    "hold, taken from the compute they overlap (Megatron --moe-flex-dispatcher-num-sms; default "
+    "20, DeepEP's; NVIDIA's HybridEP benchmarks use 32).")]
 MoeImbalanceOpt = Annotated[float | None, typer.Option(
     "--moe-imbalance", help="Routed tokens on the busiest expert-parallel rank over the mean "
     "(default 1.3; 1.0 = forced balance, as NVIDIA's MoE benchmarks).")]
@@ -120,9 +125,9 @@ def read_json_file(path: Path, field: str) -> Any:
 def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | None = None
                      ) -> Any:
     """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``). A
-    ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``) and the
-    optimizer's ``moments_dtype`` the report or the best plan was priced with, so it is priced
-    and exported as ranked."""
+    ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``, the flex
+    dispatcher's ``moe_dispatcher_sms``) and the optimizer's ``moments_dtype`` the report or
+    the best plan was priced with, so it is priced and exported as ranked."""
     from paraplan.export.plan_json import is_plan_document
     from paraplan.search.moe_runs import MOE_RUN_FIELDS
 
@@ -130,6 +135,9 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
         if run is not None:
             run.update({k: report[k] for k in (*MOE_RUN_FIELDS, "moments_dtype")
                         if isinstance(report.get(k), bool | str)})
+            sms = report.get("moe_dispatcher_sms")
+            if isinstance(sms, int) and not isinstance(sms, bool):
+                run["moe_dispatcher_sms"] = sms
 
     if not isinstance(data, dict):
         return data
@@ -151,7 +159,8 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
 def read_training(global_batch: int | None, seq_len: int | None, precision: str,
                   flash_attention: bool = True, *, moe_dispatcher: str | None = None,
                   moe_a2a_overlap: bool | None = None, moe_imbalance: float | None = None,
-                  moments_dtype: str | None = None, moe_host_sync_ms: float | None = None) -> Any:
+                  moments_dtype: str | None = None, moe_host_sync_ms: float | None = None,
+                  moe_dispatcher_sms: int | None = None) -> Any:
     """The TrainingSpec of --global-batch, --seq-len, --precision (and --no-flash-attention,
     --moments-dtype, the --moe-* options: those left out stay the trainer's); a bad value is
     a SpecError naming the field."""
@@ -163,7 +172,8 @@ def read_training(global_batch: int | None, seq_len: int | None, precision: str,
     moe = {k: v for k, v in (("moe_dispatcher", moe_dispatcher),
                              ("moe_a2a_overlap", moe_a2a_overlap),
                              ("moe_load_imbalance", moe_imbalance),
-                             ("moments_dtype", moments_dtype)) if v is not None}
+                             ("moments_dtype", moments_dtype),
+                             ("moe_dispatcher_sms", moe_dispatcher_sms)) if v is not None}
     if moe_host_sync_ms is not None:
         if not 0.0 <= moe_host_sync_ms <= 100.0:  # (NaN fails too)
             raise SpecError(f"--moe-host-sync-ms {moe_host_sync_ms!r}: must be between 0 and "

@@ -26,6 +26,7 @@ from paraplan.cli.common import (
 from paraplan.cli.export import write_export
 from paraplan.cli.inputs import (
     MoeDispatcherOpt,
+    MoeDispatcherSmsOpt,
     MoeHostSyncOpt,
     MoeImbalanceOpt,
     MoeOverlapOpt,
@@ -127,6 +128,7 @@ def best(
     moe_a2a_overlap: MoeOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
     moe_host_sync_ms: MoeHostSyncOpt = None,
+    moe_dispatcher_sms: MoeDispatcherSmsOpt = None,
     moments_dtype: MomentsDtypeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -154,7 +156,8 @@ def best(
     training = read_training(global_batch, seq_len, precision, flash_attention=not no_flash,
                              moe_dispatcher=moe_dispatcher, moe_a2a_overlap=moe_a2a_overlap,
                              moe_imbalance=moe_imbalance, moments_dtype=moments_dtype,
-                             moe_host_sync_ms=moe_host_sync_ms)
+                             moe_host_sync_ms=moe_host_sync_ms,
+                             moe_dispatcher_sms=moe_dispatcher_sms)
     spec_trainer = read_trainer(trainer, export.value if export is not None else None)
     if relaxed:
         from paraplan.search.relaxed import relaxed_search

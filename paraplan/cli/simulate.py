@@ -14,6 +14,7 @@ from paraplan.cli import goodput
 from paraplan.cli.common import Format, FormatOpt, console, emit_json, write_report_outputs
 from paraplan.cli.inputs import (
     MoeDispatcherOpt,
+    MoeDispatcherSmsOpt,
     MoeHostSyncOpt,
     MoeImbalanceOpt,
     MoeOverlapOpt,
@@ -58,6 +59,7 @@ def simulate(
     moe_a2a_overlap: MoeOverlapOpt = None,
     moe_imbalance: MoeImbalanceOpt = None,
     moe_host_sync_ms: MoeHostSyncOpt = None,
+    moe_dispatcher_sms: MoeDispatcherSmsOpt = None,
     moments_dtype: MomentsDtypeOpt = None,
     fmt: FormatOpt = Format.table,
 ) -> None:
@@ -80,7 +82,9 @@ def simulate(
         moe_a2a_overlap=run.get("moe_a2a_overlap") if moe_a2a_overlap is None
         else moe_a2a_overlap, moe_imbalance=moe_imbalance,
         moments_dtype=run.get("moments_dtype") if moments_dtype is None else moments_dtype,
-        moe_host_sync_ms=moe_host_sync_ms)
+        moe_host_sync_ms=moe_host_sync_ms,
+        moe_dispatcher_sms=run.get("moe_dispatcher_sms") if moe_dispatcher_sms is None
+        else moe_dispatcher_sms)
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
         training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)

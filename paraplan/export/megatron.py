@@ -168,6 +168,8 @@ def _architecture(ctx: ExportContext) -> list[str]:
                 raise refuse("training.moe_dispatcher", "hierarchical", TRAINER,
                              "DeepEP (flex) drops no tokens: leave moe_capacity_factor unset")
             out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
+            if t.moe_dispatcher_sms is not None:  # core_v0.15.3 arguments.py L3137 (20)
+                out.append(f"--moe-deepep-num-sms {t.moe_dispatcher_sms}")
         else:
             out.append("--moe-token-dispatcher-type alltoall")
         if t.moe_a2a_overlap and p.ep > 1:

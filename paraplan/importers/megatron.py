@@ -186,7 +186,8 @@ def _moe_facts(f: dict[str, list[str]]) -> dict[str, Any]:
     """The MoE run facts the launch states (``TrainingSpec`` fields): the flex dispatcher
     with DeepEP/HybridEP (``--moe-enable-deepep``, later ``--moe-flex-dispatcher-backend``)
     is ``hierarchical``; ``--overlap-moe-expert-parallel-comm`` the all-to-all overlap;
-    ``--moe-router-force-load-balancing`` balanced routing (``moe_load_imbalance`` 1.0)."""
+    ``--moe-router-force-load-balancing`` balanced routing (``moe_load_imbalance`` 1.0);
+    the flex dispatcher's SMs ``moe_dispatcher_sms``."""
     out: dict[str, Any] = {}
     if "--moe-token-dispatcher-type" in f:
         flex = _one(f, "--moe-token-dispatcher-type") == "flex"
@@ -195,6 +196,17 @@ def _moe_facts(f: dict[str, list[str]]) -> dict[str, Any]:
         out["moe_a2a_overlap"] = True
     if "--moe-router-force-load-balancing" in f:
         out["moe_load_imbalance"] = 1.0
+    # The flex dispatcher's SMs (``moe_dispatcher_sms``): core_v0.15.3 --moe-deepep-num-sms,
+    # later --moe-flex-dispatcher-num-sms (and the deprecated --moe-hybridep-num-sms).
+    for flag in ("--moe-flex-dispatcher-num-sms", "--moe-deepep-num-sms",
+                 "--moe-hybridep-num-sms"):
+        if flag in f:
+            value = _one(f, flag)
+            if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 1024:
+                raise ImportError_(f"{flag} {value!r} must be a whole number of SMs, 1-1024",
+                                   field=flag, value=value, allowed="1-1024")
+            out["moe_dispatcher_sms"] = int(value)
+            break
     return out
 
 

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import numpy as np
+
 from paraplan.simulator import moe as routing
 from paraplan.simulator.attention_shape import attention_shape_factors
 from paraplan.simulator.copies import eager_ring_bytes
@@ -239,7 +241,7 @@ def with_dispatch_sort(times: LayerTimes, sort_s: float) -> LayerTimes:
     once forward and once backward: a permutation's gradient is the inverse permutation of
     the gradient rows, the same bytes (not the two passes other elementwise ops are priced
     at)."""
-    if isinstance(sort_s, float | int) and not sort_s:  # (arrays: the evaluator's columns)
+    if not isinstance(sort_s, np.ndarray) and not sort_s:  # (arrays: the evaluator's columns)
         return times
     return replace(times, forward_s=times.forward_s + sort_s,
                    backward_s=times.backward_s + sort_s,

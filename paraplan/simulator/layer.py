@@ -195,8 +195,6 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b)
 
 
-
-
 def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
                    plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0
                    ) -> tuple[float, float | None]:
@@ -248,8 +246,11 @@ def a2a_overlap_share(training: TrainingSpec, plan: ParallelPlan, device: Device
     (None: the all-to-alls are exposed)."""
     if moe and training.moe_a2a_overlap and plan.ep > 1 and device.sm_count:
         # The communication kernels take SMs from the compute they run under: NCCL's
-        # channels, or the 20 SMs DeepSeek gives DeepEP (DeepSeek-V3 report sec. 3.2.2).
-        return (DEEPEP_SMS / device.sm_count if training.moe_dispatcher == "hierarchical"
+        # channels, or the flex dispatcher's (``TrainingSpec.moe_dispatcher_sms``; by
+        # default the 20 DeepSeek gives DeepEP, DeepSeek-V3 report sec. 3.2.2).
+        sms = training.moe_dispatcher_sms or DEEPEP_SMS
+        return (min(sms, device.sm_count) / device.sm_count
+                if training.moe_dispatcher == "hierarchical"
                 else device.nccl_slowdown)
     return None
 

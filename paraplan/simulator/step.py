@@ -116,6 +116,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     report.extra["trainer"] = spec.name
     if training.moments_dtype != "fp32":  # a run setting its plan JSON and exports carry
         report.extra["moments_dtype"] = training.moments_dtype
+    if training.moe_dispatcher_sms is not None and model.is_moe:  # likewise
+        report.extra["moe_dispatcher_sms"] = training.moe_dispatcher_sms
     return report
 
 

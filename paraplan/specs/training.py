@@ -142,6 +142,14 @@ class TrainingSpec(StrictModel):
     ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``: the forward of one
     micro-batch and the backward of another run merged, each one's all-to-all under the
     other's compute)."""
+    moe_dispatcher_sms: int | None = Field(default=None, ge=1, le=1024)
+    """SMs the ``hierarchical`` dispatcher's dispatch and combine kernels hold while they run
+    (Megatron-Core ``--moe-flex-dispatcher-num-sms``, formerly ``--moe-deepep-num-sms`` and
+    ``--moe-hybridep-num-sms``); under ``moe_a2a_overlap`` the compute beside them loses that
+    share of the GPU's SMs. None: DeepEP's 20, what DeepSeek-V3 gives its kernels (report
+    sec. 3.2.2) and Megatron-Core's historical ``moe_deepep_num_sms`` default. NVIDIA's
+    Megatron-Bridge benchmarks run HybridEP on 32 (``_benchmark_common`` in
+    perf_recipes/_common.py, v0.6.0; scripts/performance/utils/overrides.py, v0.4.2)."""
     moe_host_sync_s: float = Field(default=0.0, ge=0.0, le=0.1)
     """Seconds the GPU waits on the host in each MoE layer's forward, per micro-batch, on a DGX
     H100's Xeon (``GPUSpec.host_time_factor`` scales it to other hosts): dropless MoE

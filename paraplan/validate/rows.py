@@ -449,6 +449,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["moe_a2a_overlap"] = _flag(row, "moe_a2a_overlap", False)
         if cell(row, "moe_load_imbalance"):
             explicit["moe_load_imbalance"] = float(cell(row, "moe_load_imbalance"))
+        if cell(row, "moe_dispatcher_sms"):  # the flex dispatcher's SMs (HybridEP: 32)
+            explicit["moe_dispatcher_sms"] = int(cell(row, "moe_dispatcher_sms"))
         kernels = explicit.get("kernels", run_kernels(trainer.runs, precision))
         how = "torch.compile" if "kernels" in explicit else (
             f"{trainer.name} compiles fp8 runs" if kernels != trainer.runs.kernels

@@ -55,6 +55,8 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
     ``layer.layer_parts`` gives it. Shared and routed parts are kept in ``space.memo`` (they
     read neither the MoE dispatcher nor its overlap), the all-to-alls by dispatcher."""
     model, training, topo, memo = space.model, space.training, space.cluster.topology, space.memo
+    if not len(keys):  # no plan of the space fits: nothing to price
+        return np.zeros((0, 12))
     su, sinv = key_index([keys[:, j] for j in range(5)])
     shared: list[SharedParts] = []
     tokens, split = np.zeros(len(su)), np.zeros(len(su), dtype=np.int64)
