@@ -324,20 +324,27 @@ def test_moe_dispatcher_sms_option_prices_the_overlap_and_rejects_bad_values():
         assert "Traceback" not in res.stderr
 
 
-def test_a_best_result_keeps_its_dispatcher_sms_when_simulated_again(tmp_path):
-    """``best --moe-dispatcher-sms`` records the count with each plan, so ``simulate --plan
-    best.json`` prices the plan as it was ranked."""
+def test_a_best_result_keeps_its_moe_knobs_when_simulated_again(tmp_path):
+    """``best --moe-dispatcher-sms --moe-imbalance`` records both with each plan, so
+    ``simulate --plan best.json`` prices the plan as it was ranked without repeating them;
+    given again with another value, the command line wins."""
     out = tmp_path / "best.json"
     common = ("--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--nodes", "2",
-              "--global-batch", "1024", "--seq-len", "4096", "--moe-imbalance", "1.0")
+              "--global-batch", "1024", "--seq-len", "4096")
     res = run("best", *common, "--moe-dispatcher", "hierarchical", "--moe-a2a-overlap",
-              "--moe-dispatcher-sms", "32", "--fix", "ep=16,tp=1,pp=1", "--top", "1",
-              "--format", "json")
+              "--moe-dispatcher-sms", "32", "--moe-imbalance", "1.0",
+              "--fix", "ep=16,tp=1,pp=1", "--top", "1", "--format", "json")
     assert res.returncode == 0, res.stderr
     out.write_text(res.stdout)
     best = json.loads(res.stdout)["plans"][0]
     assert best["moe_dispatcher_sms"] == 32 and best["moe_dispatcher"] == "hierarchical"
-    again = run("simulate", *common, "--plan", str(out), "--format", "json")
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["step_time_s"] == pytest.approx(best["step_time_s"],
-                                                                   rel=1e-12)
+    assert best["moe_load_imbalance"] == 1.0
+
+    def step(*extra: str) -> float:
+        again = run("simulate", *common, "--plan", str(out), *extra, "--format", "json")
+        assert again.returncode == 0, again.stderr
+        return json.loads(again.stdout)["step_time_s"]
+
+    assert step() == pytest.approx(best["step_time_s"], rel=1e-12)
+    assert step("--moe-imbalance", "1.3") > best["step_time_s"]  # busier ranks
+    assert step("--moe-dispatcher-sms", "20") < best["step_time_s"]  # fewer SMs taken

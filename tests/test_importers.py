@@ -369,3 +369,15 @@ def test_unmodelled_optimizer_dtypes_are_named(flags, needle, tmp_path: Path):
     path.write_text(text)
     with pytest.raises(ImportError_, match=needle):
         read_trainer_config(path, text)
+
+
+def test_an_odd_deepep_sm_count_is_not_exported():
+    """DeepEP takes only even SM counts (deep_ep/buffer.py ``Buffer.set_num_sms``)."""
+    from paraplan.export.common import ExportError
+
+    model, cl = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=4)
+    tr, plan = apply_trainer(load_trainer("megatron-core"), TrainingSpec(
+        global_batch_size=256, seq_len=4096, moe_dispatcher="hierarchical",
+        moe_dispatcher_sms=33), parse_plan("tp=1,pp=1,ep=8,zero=1,mbs=1"))
+    with pytest.raises(ExportError, match="even SM count"):
+        export_text("megatron", export_context(model, tr, plan, cluster=cl))

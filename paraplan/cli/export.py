@@ -128,7 +128,8 @@ def _context(plan_text: str, model: str | None, cluster: str | None, nodes: int 
     training, spec_plan = apply_trainer(trainer, read_training(
         global_batch, seq_len, precision, moe_dispatcher=run.get("moe_dispatcher"),
         moe_a2a_overlap=run.get("moe_a2a_overlap"), moments_dtype=run.get("moments_dtype"),
-        moe_dispatcher_sms=run.get("moe_dispatcher_sms")),
+        moe_dispatcher_sms=run.get("moe_dispatcher_sms"),
+        moe_imbalance=run.get("moe_load_imbalance")),
         spec_plan)
     ctx = export_context(spec_model, training, spec_plan, cluster=spec_cluster)
     report = simulate(spec_model, spec_cluster, training, spec_plan, trainer=trainer).to_dict()

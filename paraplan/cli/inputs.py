@@ -103,7 +103,8 @@ def apply_imported(imported: Any, model: Any, training: Any) -> Any:
     # silently, so a difference is an error too.
     for key, flag in (("moe_dispatcher", "--moe-dispatcher"),
                       ("moe_a2a_overlap", "--moe-a2a-overlap"),
-                      ("moments_dtype", "--moments-dtype")):
+                      ("moments_dtype", "--moments-dtype"),
+                      ("moe_dispatcher_sms", "--moe-dispatcher-sms")):
         if key in imported.training and key in training.model_fields_set \
                 and imported.training[key] != getattr(training, key):
             raise SpecError(f"{imported.path} sets {key}={imported.training[key]!r} but "
@@ -126,8 +127,9 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
                      ) -> Any:
     """The plan inside a plan JSON, a StepReport or a ``best`` result (else ``data``). A
     ``run`` dict gets the MoE run setting (``moe_dispatcher``, ``moe_a2a_overlap``, the flex
-    dispatcher's ``moe_dispatcher_sms``) and the optimizer's ``moments_dtype`` the report or
-    the best plan was priced with, so it is priced and exported as ranked."""
+    dispatcher's ``moe_dispatcher_sms``, a routing imbalance the user set) and the
+    optimizer's ``moments_dtype`` the report or the best plan was priced with, so it is
+    priced and exported as ranked."""
     from paraplan.export.plan_json import is_plan_document
     from paraplan.search.moe_runs import MOE_RUN_FIELDS
 
@@ -135,9 +137,11 @@ def unwrap_plan_json(data: Any, text: str, field: str, run: dict[str, Any] | Non
         if run is not None:
             run.update({k: report[k] for k in (*MOE_RUN_FIELDS, "moments_dtype")
                         if isinstance(report.get(k), bool | str)})
-            sms = report.get("moe_dispatcher_sms")
+            sms, imbalance = report.get("moe_dispatcher_sms"), report.get("moe_load_imbalance")
             if isinstance(sms, int) and not isinstance(sms, bool):
                 run["moe_dispatcher_sms"] = sms
+            if isinstance(imbalance, int | float) and not isinstance(imbalance, bool):
+                run["moe_load_imbalance"] = float(imbalance)
 
     if not isinstance(data, dict):
         return data

@@ -80,7 +80,8 @@ def simulate(
         global_batch, seq_len, precision, flash_attention=not no_flash,
         moe_dispatcher=run.get("moe_dispatcher") if moe_dispatcher is None else moe_dispatcher,
         moe_a2a_overlap=run.get("moe_a2a_overlap") if moe_a2a_overlap is None
-        else moe_a2a_overlap, moe_imbalance=moe_imbalance,
+        else moe_a2a_overlap,
+        moe_imbalance=run.get("moe_load_imbalance") if moe_imbalance is None else moe_imbalance,
         moments_dtype=run.get("moments_dtype") if moments_dtype is None else moments_dtype,
         moe_host_sync_ms=moe_host_sync_ms,
         moe_dispatcher_sms=run.get("moe_dispatcher_sms") if moe_dispatcher_sms is None

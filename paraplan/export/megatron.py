@@ -169,6 +169,10 @@ def _architecture(ctx: ExportContext) -> list[str]:
                              "DeepEP (flex) drops no tokens: leave moe_capacity_factor unset")
             out += ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"]
             if t.moe_dispatcher_sms is not None:  # core_v0.15.3 arguments.py L3137 (20)
+                if t.moe_dispatcher_sms % 2:
+                    raise refuse("training.moe_dispatcher_sms", t.moe_dispatcher_sms, TRAINER,
+                                 "DeepEP takes an even SM count (deep_ep/buffer.py "
+                                 "Buffer.set_num_sms)")
                 out.append(f"--moe-deepep-num-sms {t.moe_dispatcher_sms}")
         else:
             out.append("--moe-token-dispatcher-type alltoall")

@@ -116,8 +116,11 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     report.extra["trainer"] = spec.name
     if training.moments_dtype != "fp32":  # a run setting its plan JSON and exports carry
         report.extra["moments_dtype"] = training.moments_dtype
-    if training.moe_dispatcher_sms is not None and model.is_moe:  # likewise
-        report.extra["moe_dispatcher_sms"] = training.moe_dispatcher_sms
+    if model.is_moe:  # likewise the MoE knobs a user sets, where not the defaults
+        if training.moe_dispatcher_sms is not None:
+            report.extra["moe_dispatcher_sms"] = training.moe_dispatcher_sms
+        if "moe_load_imbalance" in training.model_fields_set:
+            report.extra["moe_load_imbalance"] = training.moe_load_imbalance
     return report
 
 
