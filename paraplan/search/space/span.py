@@ -11,23 +11,28 @@ from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
 
 
 def inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
-              stages: np.ndarray, extra: np.ndarray) -> np.ndarray:
+             stages: np.ndarray, extra: np.ndarray) -> np.ndarray:
     """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``, with
-    each plan's ``extra`` live (chunk-)micro-batches."""
-    r = stages[None, :]
+    each plan's ``extra`` live (chunk-)micro-batches: ``min(base + extra, m)`` where the base
+    is ``p - stage`` (1f1b), ``p`` (zb-h1) or unbounded (gpipe), one small table per schedule
+    gathered by each plan's; interleaved plans (v > 1) get their own form, on their rows
+    only."""
     mm = m[:, None].astype(float)
-    ex = extra[:, None].astype(float)
-    out = np.minimum(p - r + ex, mm)  # 1f1b
-    gp = sched == SCHEDULES.index("gpipe")
-    zb = sched == SCHEDULES.index("zb-h1")
+    base = np.empty((len(SCHEDULES), len(stages)))
+    base[:] = p - stages  # 1f1b
+    base[SCHEDULES.index("gpipe")] = np.inf  # every micro-batch: min(inf, m) = m
+    base[SCHEDULES.index("zb-h1")] = p
+    ahead = base[sched]
+    if extra.any():
+        ahead += extra[:, None]
+    out = np.minimum(ahead, mm, out=ahead)
     il = (sched == SCHEDULES.index("interleaved")) & (v > 1)
-    out = np.where(gp[:, None], mm, out)
-    out = np.where(zb[:, None], np.minimum(p + ex, mm), out)
     if il.any():
-        um, minv = key_index([m])
+        rows = np.flatnonzero(il)
+        um, minv = key_index([m[rows]])
         g = np.array([_group_size(p, int(x)) for x in um[:, 0]], dtype=float)[minv, None]
-        inter = np.minimum(2 * (p - r - 1) + (v - 1) * g + 1 + ex, mm * v) / v
-        out = np.where(il[:, None], inter, out)
+        out[rows] = np.minimum(2 * (p - stages[None, :] - 1) + (v - 1) * g + 1
+                               + extra[rows, None], mm[rows] * v) / v
     return out
 
 
