@@ -318,6 +318,10 @@ def test_moe_dispatcher_sms_option_prices_the_overlap_and_rejects_bad_values():
     assert step("--moe-a2a-overlap", "--moe-dispatcher-sms", "32") > \
         step("--moe-a2a-overlap") == step("--moe-a2a-overlap", "--moe-dispatcher-sms", "20")
     assert step("--moe-dispatcher-sms", "32") == step()
+    quiet = run(*args, "--moe-a2a-overlap", "--moe-dispatcher-sms", "32")
+    ignored = run(*args, "--moe-dispatcher-sms", "32")
+    assert "note:" not in quiet.stderr and "--moe-dispatcher-sms changes nothing" in \
+        ignored.stderr
     for bad in ("0", "5000", "x"):
         res = run(*args, "--moe-dispatcher-sms", bad)
         assert res.returncode == 2 and "--moe-dispatcher-sms" in res.stderr

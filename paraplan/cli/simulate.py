@@ -4,6 +4,7 @@ help, each simulated)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -89,6 +90,13 @@ def simulate(
     if imported is not None:  # the user's own trainer config: price it as that trainer runs it
         training = apply_imported(imported, spec_model, training)
     spec_trainer = read_trainer(trainer if trainer or imported is None else imported.trainer)
+    if moe_dispatcher_sms is not None and not (
+            spec_model.is_moe and training.moe_dispatcher == "hierarchical"
+            and training.moe_a2a_overlap):
+        # Say so rather than ignore it silently: the count prices only the flex dispatcher's
+        # kernels beside the compute they overlap.
+        sys.stderr.write("note: --moe-dispatcher-sms changes nothing here: it prices the "
+                         "hierarchical dispatcher's kernels under --moe-a2a-overlap\n")
     report = run_simulation(spec_model, spec_cluster, training, spec_plan,
                             trainer=spec_trainer).to_dict()
     gp = goodput.goodput_section(report, spec_model, mtbf_hours, checkpoint_write_s, storage_gbps,
