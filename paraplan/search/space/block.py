@@ -155,44 +155,47 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     inv_e = 1.0 / (ep * etp).astype(float) if model.is_moe else np.zeros(len(idx))
     # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
     # expert parameter (sharded over dp*cp / expert-DP from ZeRO stage 3, 2, 1 on) times
-    # the stage's parameters. FSDP's zero-3 shard is the fp32 master itself (memory.py).
-    inv_ddp, inv_edp = 1.0 / (dp * cp), 1.0 / e_dp
-
-    def per_param(inv: np.ndarray) -> np.ndarray:
-        weight = np.where(z >= 3, inv, 1.0) * cb
-        if training.fsdp_copies is not None:
-            weight = np.where(z == 3, 0.0, weight)
-        return weight + np.where(z >= 2, inv, 1.0) * training.grad_buffer_bytes \
-            + np.where(z >= 1, inv, 1.0) * training.optimizer_state_bytes_per_param
-
+    # the stage's parameters, ``sharded[z] / degree + whole[z]`` by ZeRO stage z. FSDP's
+    # zero-3 shard is the fp32 master itself (memory.py): no 16-bit weight there.
+    stage = np.arange(4)
+    weight = cb if training.fsdp_copies is None else 0.0
+    parts = ((weight, 3), (training.grad_buffer_bytes, 2),
+             (training.optimizer_state_bytes_per_param, 1))
+    sharded = sum(np.where(stage >= k, b_, 0.0) for b_, k in parts)
+    whole = sum(np.where(stage >= k, 0.0, b_) for b_, k in ((cb, 3), *parts[1:]))
+    sh, wh = sharded[z], whole[z]
     mbs = c["mbs"][idx].astype(float)
     s_local = training.seq_len / cp.astype(float)
     per_logit = loss_bytes_per_logit(training)
     a = ctx.acts[ctx.inv[idx]]
-    # Static bytes (weights, gradients, optimizer state; the working set of a layer, the
-    # logits and the embedding output): per plan x per stage class.
-    plan_terms = np.stack([
-        per_param(inv_ddp) * inv_t, per_param(inv_edp) * inv_e, a[:, 2],
-        per_logit * s_local * mbs * model.vocab_size * inv_t * (1 + model.num_mtp_layers),
-        2.0 * s_local * mbs * model.hidden_size], axis=1)
-    stage_terms = np.stack([dense_s, exp_s, (layers > 0).astype(float), last, first])
-    static = plan_terms @ stage_terms
     if model.is_moe:
         layer_params = np.maximum(model.dense_layer_params,
                                   model.moe_layer_params / np.maximum(1, ep))
     else:
         layer_params = float(model.dense_layer_params)
-    buckets = np.minimum(np.stack([inv_t, inv_e], axis=1) @ np.stack([dense_s, exp_s]),
-                         DDP_BUCKET_ELEMENTS)
-    other = CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES \
-        + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)[:, None] \
-        + np.where((dp > 1) & (z < 3), 4.0, 0.0)[:, None] * buckets
+    # Per plan x per stage class: weights, gradients, optimizer state, the working set of a
+    # layer, the logits and the embedding output (all times the allocator's fragmentation),
+    # and the per-plan constant: CUDA context, NCCL buffers, ZeRO-3's gathered layer.
+    frag = 1.0 + ALLOCATOR_FRAGMENTATION
+    plan_terms = np.stack([
+        (sh / (dp * cp) + wh) * inv_t, (sh / e_dp + wh) * inv_e, a[:, 2],
+        per_logit * s_local * mbs * model.vocab_size * inv_t * (1 + model.num_mtp_layers),
+        2.0 * s_local * mbs * model.hidden_size,
+        CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+        + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)], axis=1)
+    stage_terms = np.stack([dense_s * frag, exp_s * frag, (layers > 0) * frag, last * frag,
+                            first * frag, np.ones(len(rr))])
+    peak = plan_terms @ stage_terms
+    ddp = (dp > 1) & (z < 3)  # DDP's fp32 bucket of gradients
+    if ddp.any():
+        buckets = np.minimum(np.stack([inv_t, inv_e], axis=1) @ np.stack([dense_s, exp_s]),
+                             DDP_BUCKET_ELEMENTS)
+        peak += np.where(ddp, 4.0, 0.0)[:, None] * buckets
     chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)  # moe.a2a_overlap_warmup
     warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
                     overlap_extra(model.num_layers, p, chunks), 0.0)
     infl = inflight(sched, p, mi, v, rr, warm)
-    act = (a[:, :2] @ np.stack([st.ndense, nmoe_mem])) * infl
-    peak = (1.0 + ALLOCATOR_FRAGMENTATION) * (static + act) + other
+    peak += (a[:, :2] @ (np.stack([st.ndense, nmoe_mem]) * frag)) * infl
     worst = np.argmax(peak, axis=1)
     peak_w = peak[np.arange(len(idx)), worst] / GiB
     out_peak[idx] = peak_w
