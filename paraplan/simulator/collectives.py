@@ -29,11 +29,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from paraplan.specs.errors import SpecError
 from paraplan.specs.topology import RingCost, Topology, boundary_ranks
+
+
+def overlapped(comm_s: Any, window_s: Any, slowdown: Any) -> Any:
+    """Seconds a collective of ``comm_s`` costs when it runs under ``window_s`` of compute:
+    what the window cannot hide, plus the share of the covered time the compute loses to the
+    communication kernels' SMs (``slowdown``; e.g. ``Device.nccl_slowdown``). Numbers or numpy
+    arrays alike (the vectorized search prices every plan with it)."""
+    if isinstance(comm_s, np.ndarray) or isinstance(window_s, np.ndarray):
+        return np.maximum(0.0, comm_s - window_s) + np.minimum(comm_s, window_s) * slowdown
+    return max(0.0, comm_s - window_s) + min(comm_s, window_s) * slowdown
 
 
 def ring_all_reduce(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:

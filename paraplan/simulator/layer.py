@@ -123,14 +123,8 @@ def compose_parts(shared: SharedParts, routed: RoutedTerms
     lt = compose_times(shared.terms, routed)
     lt = replace(lt, forward_s=lt.forward_s + shared.split_fwd_s,
                  backward_s=lt.backward_s + shared.split_bwd_s)
-    cover = lt.gemm_fwd_s * shared.tp_cover
-    tp_c = shared.tp_s - _least(shared.tp_s, cover) * (1.0 - shared.tp_cover_sms)
+    tp_c = coll.overlapped(shared.tp_s, lt.gemm_fwd_s * shared.tp_cover, shared.tp_cover_sms)
     return lt, tp_c, shared.cp_s, shared.cp_bwd_s
-
-
-def _least(a: Any, b: Any) -> Any:
-    return np.minimum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) \
-        else min(a, b)
 
 
 def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
@@ -173,7 +167,7 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
         # What the attention cannot cover stays exposed; the covered part costs NCCL's SMs
         # (as for every overlapped collective: ``Device.nccl_slowdown``).
         ring_s, under = (cp - 1) * step, terms.attention_fwd_s
-        ring_c = max(0.0, ring_s - under) + min(ring_s, under) * device.nccl_slowdown
+        ring_c = coll.overlapped(ring_s, under, device.nccl_slowdown)
         # Backward: K/V travel again and dK/dV with them, at the accumulator's width (PyTorch
         # sends fp32 dK/dV: torch/distributed/tensor/experimental/_attention.py).
         # dK/dV go round cp times there (dkv_rotater sends at every step), K/V cp - 1 times.
@@ -190,7 +184,7 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
             gather = coll.group_collective(topo, on(tuple(range(0, t * cp, t))), "all_gather",
                                            kv * cp)
             first = terms.attention_fwd_s / cp
-            cp_c = max(0.0, gather - first) + min(gather, first) * device.nccl_slowdown
+            cp_c = coll.overlapped(gather, first, device.nccl_slowdown)
             cp_b = cp_c + dkv * ring_c
     return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b)
 

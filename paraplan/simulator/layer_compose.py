@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import LayerTimes
 from paraplan.simulator.pipeline import inflight_microbatches
 
@@ -58,13 +57,25 @@ class LayerParts:
     device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
 
 
+PARTS = 12
+"""How many ``part_columns`` a layer's parts make."""
+
+
+def part_columns(parts: LayerParts) -> tuple[Any, ...]:
+    """``compose_columns``' arguments but the recompute kind, from a layer's parts (numbers,
+    or numpy arrays of one value per plan key in the evaluator): ``LayerTimes`` fields, the
+    exposed TP/CP/EP traffic, the overlap's share (0 where the all-to-alls are exposed) and
+    the host stall."""
+    lt = parts.times
+    slowdown = 0.0 if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
+    return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
+            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s, parts.ep_s,
+            parts.cp_bwd_s, slowdown, parts.host_stall_s)
+
+
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
     """Pass times of one layer under ``recompute`` (none, selective, op, full, layer), seconds."""
-    lt = parts.times
-    cols = compose_columns(lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-                           lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s,
-                           parts.ep_s, parts.cp_bwd_s, parts.ep_overlap_slowdown or 0.0,
-                           parts.host_stall_s, recompute)
+    cols = compose_columns(*part_columns(parts), recompute)
     return LayerCost(*(float(x) for x in cols))
 
 
@@ -137,6 +148,4 @@ def overlapped_a2a(fwd_s: Any, bwd_s: Any, gemm_s: Any, expert_s: Any, a2a_s: An
     side_wgrad = gemm_s - expert_s
     side_bwd = bwd_s + recompute_s - 2 * expert_s
     pieces = (side_wgrad + fwd_s - expert_s, expert_s, 2 * expert_s, side_bwd - side_wgrad)
-    arrays = isinstance(a2a_s, np.ndarray)
-    hi, lo = (np.maximum, np.minimum) if arrays else (max, min)
-    return sum(hi(0.0, a2a_s - x) + lo(a2a_s, x) * slowdown for x in pieces)
+    return sum(overlapped(a2a_s, x, slowdown) for x in pieces)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.pipeline_events import (
     SCHEDULES,
     Event,
@@ -138,7 +139,7 @@ def overlapped_p2p(t_p2p_s: float, window_s: float, nccl_slowdown: float) -> flo
     (Megatron's interleaved schedule posts the next send/receive before computing and waits
     after): what the window cannot hide, plus the SMs NCCL takes from the overlapped compute
     (``nccl_slowdown``, as for every overlapped collective)."""
-    return max(0.0, t_p2p_s - window_s) + min(t_p2p_s, window_s) * nccl_slowdown
+    return overlapped(t_p2p_s, window_s, nccl_slowdown)
 
 
 def inflight_microbatches(schedule: str, p: int, m: int, stage: int, v: int = 1,

@@ -258,8 +258,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             per_mb = (2 if plan.zero_stage == 3 else 1) * gather + scatter
             compute_mb = t_f[crit] + t_b[crit]
             # Exposed: what compute cannot hide, the first gather, NCCL's SMs while overlapped.
-            z3 = m * (max(0.0, per_mb - compute_mb)
-                      + min(per_mb, compute_mb) * device.nccl_slowdown)
+            z3 = m * coll.overlapped(per_mb, compute_mb, device.nccl_slowdown)
             return 0.0, z3 + gather / units
         grads, params = grad_sync_parts(topo, dp_group, model, plan, training, dense,
                                         gather_bytes=gather_bytes)

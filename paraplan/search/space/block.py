@@ -10,6 +10,7 @@ import numpy as np
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.comm_tables import CommTables
 from paraplan.search.space.span import inflight, pipeline_span
+from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -152,17 +153,17 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     # Dense (TP-split) and expert parameters of each stage class, per 1/tp and 1/(ep etp).
     dense_s, exp_s = _stage_param_rows(model, st, p)
     inv_t = 1.0 / t
-    inv_e = 1.0 / (ep * etp).astype(float) if model.is_moe else np.zeros(len(idx))
+    inv_e = 1.0 / (ep * etp).astype(float)  # (a dense model's expert rows are 0)
     # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
     # expert parameter (sharded over dp*cp / expert-DP from ZeRO stage 3, 2, 1 on) times
     # the stage's parameters, ``sharded[z] / degree + whole[z]`` by ZeRO stage z. FSDP's
     # zero-3 shard is the fp32 master itself (memory.py): no 16-bit weight there.
     stage = np.arange(4)
-    weight = cb if training.fsdp_copies is None else 0.0
-    parts = ((weight, 3), (training.grad_buffer_bytes, 2),
-             (training.optimizer_state_bytes_per_param, 1))
-    sharded = sum(np.where(stage >= k, b_, 0.0) for b_, k in parts)
-    whole = sum(np.where(stage >= k, 0.0, b_) for b_, k in ((cb, 3), *parts[1:]))
+    grad_b, state_b = training.grad_buffer_bytes, training.optimizer_state_bytes_per_param
+    sharded = (np.where(stage >= 3, 0.0 if training.fsdp_copies is not None else cb, 0.0)
+               + np.where(stage >= 2, grad_b, 0.0) + np.where(stage >= 1, state_b, 0.0))
+    whole = (np.where(stage >= 3, 0.0, cb) + np.where(stage >= 2, 0.0, grad_b)
+             + np.where(stage >= 1, 0.0, state_b))
     sh, wh = sharded[z], whole[z]
     mbs = c["mbs"][idx].astype(float)
     s_local = training.seq_len / cp.astype(float)
@@ -253,7 +254,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     cc = ctx.comm.t_p2p[idx] if p > 1 else np.zeros(len(idx))
     if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
         win = f_min / v
-        cc = np.maximum(0.0, cc - win) + np.minimum(cc, win) * ctx.slow
+        cc = overlapped(cc, win, ctx.slow)
     total, base, odd = pipeline_span(sched, p, mi, v, mean_f, mean_b, mean_w, cc,
                                       ctx.exact_interleaved)
     fb_c = fb[rows, crit]
@@ -302,8 +303,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
             p_part = p_part + np.where(has, ep_, 0.0)
         sync = g_part + p_part
         per_mb = np.where(z == 3, 2.0, 1.0) * gather + scatter
-        z3_exp = m * (np.maximum(0.0, per_mb - fb_c) + np.minimum(per_mb, fb_c) * ctx.slow) \
-            + gather / units
+        z3_exp = m * overlapped(per_mb, fb_c, ctx.slow) + gather / units
         if ctx.overlap:
             window = b[:, 0]
             buckets = np.maximum(1.0, (dense0 + exp0) / bucket)

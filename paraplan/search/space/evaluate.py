@@ -21,12 +21,12 @@ from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
 from paraplan.simulator.grads import accumulation_bytes_per_param, optimizer_step_time
 from paraplan.simulator.layer import (
-    LayerParts,
     compose_columns,
     lm_head_cost,
     mtp_columns,
     mtp_projection_time,
 )
+from paraplan.simulator.layer_compose import PARTS, part_columns
 from paraplan.simulator.memory import WORKING_SET_RECOMPUTES, GiB, layer_activation_bytes
 from paraplan.simulator.step import layer_parts
 from paraplan.specs.errors import SpecError
@@ -34,10 +34,6 @@ from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import tp_overlap
 from paraplan.specs.training import TrainingSpec
-
-PARTS = 12
-"""Columns of a priced layer's parts (``_key_tables``' ``parts_row``; ``compose_columns``'
-arguments but the recompute kind)."""
 
 BLOCK_ROWS = 1 << 16
 """Rows a worker evaluates at a time: a (pp, vpp) block is cut into pieces of this many plans,
@@ -246,12 +242,6 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
     memo = space.memo
     run_free = _run_free(space)
 
-    def parts_row(pt: LayerParts) -> tuple[float, ...]:
-        lt = pt.times
-        return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-                lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
-                pt.ep_overlap_slowdown or 0.0, pt.host_stall_s)
-
     keys, krc = uniq[needed], rc[needed]
     du, dinv = key_index([keys[:, j] for j in (0, 1, 2, 3, 7)])
     dparts, dhead = np.zeros((len(du), PARTS)), np.zeros((len(du), 4))
@@ -263,7 +253,7 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
             proj = mtp_projection_time(model, training, plan, dev) if model.num_mtp_layers \
                 else 0.0
             row = memo[("dense", run_free, *key)] = (
-                parts_row(layer_parts(model, topo, training, plan, dev, moe=False)),
+                part_columns(layer_parts(model, topo, training, plan, dev, moe=False)),
                 (h.fwd, h.bwd, h.tp, proj))
         dparts[i], dhead[i] = row
     sub = np.zeros((len(keys), 2, 9))  # [needed key, dense/moe, LayerCost fields]

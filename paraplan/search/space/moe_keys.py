@@ -42,6 +42,7 @@ from paraplan.simulator.layer import (
     layer_a2a_time,
     shared_parts,
 )
+from paraplan.simulator.layer_compose import PARTS, LayerParts, part_columns
 from paraplan.simulator.layer_terms import RoutedTerms, SharedTerms, routed_terms
 from paraplan.simulator.moe import a2a_shape, dispatch_tokens, expert_shape, sp_split
 from paraplan.specs.plan import ParallelPlan
@@ -49,14 +50,14 @@ from paraplan.specs.plan import ParallelPlan
 
 def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
               plan_of: Callable[..., ParallelPlan], run_free: tuple[str, str]) -> np.ndarray:
-    """``[key, LayerParts column]`` (``evaluate.PARTS`` columns: forward, backward, forward
-    GEMMs, attention, elementwise, experts, TP, CP, EP, CP backward, overlap share, host
-    stall) of an MoE layer for each row of ``keys`` (tp, cp, sp, mbs, zs, ep, etp), as
-    ``layer.layer_parts`` gives it. Shared and routed parts are kept in ``space.memo`` (they
+    """``[key, layer_compose.part_columns]`` (forward, backward, forward GEMMs, attention,
+    elementwise, experts, TP, CP, EP, CP backward, overlap share, host stall) of an MoE layer
+    for each row of ``keys`` (tp, cp, sp, mbs, zs, ep, etp), as ``layer.layer_parts`` gives
+    it. Shared and routed parts are kept in ``space.memo`` (they
     read neither the MoE dispatcher nor its overlap), the all-to-alls by dispatcher."""
     model, training, topo, memo = space.model, space.training, space.cluster.topology, space.memo
     if not len(keys):  # no plan of the space fits: nothing to price
-        return np.zeros((0, 12))
+        return np.zeros((0, PARTS))
     su, sinv = key_index([keys[:, j] for j in range(5)])
     shared: list[SharedParts] = []
     tokens, split = np.zeros(len(su)), np.zeros(len(su), dtype=np.int64)
@@ -83,10 +84,8 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
     routed, per_e = _routed(space, dev, keys[rep], plan_of, run_free)
     lt, tp_c, cp_c, cp_b = compose_parts(_columns(shared, sinv), _columns(routed, einv))
     sort_s, ep_s, overlap, stall = (col[einv] for col in per_e)
-    lt = with_dispatch_sort(lt, sort_s)
-    return np.stack([lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-                     lt.elementwise_fwd_s, lt.expert_fwd_s, tp_c, cp_c, ep_s, cp_b, overlap,
-                     stall], axis=1)
+    parts = LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_s, cp_b, overlap, stall)
+    return np.stack(part_columns(parts), axis=1)
 
 
 def _routed(space: PlanSpace, dev: Device, reps: np.ndarray,
