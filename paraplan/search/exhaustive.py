@@ -229,7 +229,8 @@ def exhaustive_search(model: ModelSpec, cluster: ClusterSpec, training: Training
                         f"{cluster.name} with global batch {training.global_batch_size}"
                         + (f" ({reasons})" if reasons else ""), field="plan",
                         value=str(fix or {}))
-    ev = evaluate_space(space, progress, exact_interleaved=False, top=top, cutoff=cutoff)
+    ev = evaluate_space(space, progress, exact_interleaved=False, top=top, cutoff=cutoff,
+                        breakdown=False)
     rejected = Counter(space.rejected)
     rejected.update(oom_reasons(space, ev.peak_gib, ev.worst_stage, ev.capacity_gib))
     feasible = ev.feasible

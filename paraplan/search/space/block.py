@@ -3,7 +3,7 @@ collectives, pipeline span, DP sync, memory per stage."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -61,6 +61,20 @@ class Context:
     """What ``block_time`` reads of the collectives (built for the plans it times)."""
     overlap_p2p: bool = False
     """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
+    acts_by_kind: np.ndarray = field(init=False)
+    """``acts`` kind-major (dense, MoE, working set rows): one contiguous row per kind."""
+    _stage_cache: dict[tuple[int, int], _Stages] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.acts_by_kind = np.ascontiguousarray(self.acts.T)
+
+    def stages(self, model, p: int, v: int) -> _Stages:
+        """``_stages`` of a (pp, vpp) block, built once per search (the blocks' pieces and
+        both passes share it; dict assignment is atomic, so threads may race harmlessly)."""
+        hit = self._stage_cache.get((p, v))
+        if hit is None:
+            hit = self._stage_cache[(p, v)] = _stages(model, p, v)
+        return hit
 
 
 @dataclass(frozen=True)
@@ -140,15 +154,19 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     (``memory.pipeline_memory``'s terms, per plan and stage class)."""
     model, training, c = space.model, space.training, space.cols
     cb = ctx.cb
-    st = _stages(model, p, v)
+    st = ctx.stages(model, p, v)
     rr, layers, first, last = st.rr, st.layers, st.first, st.last
-    t = c["tp"][idx].astype(float)
-    ep, etp = c["ep"][idx], c["etp"][idx]
-    dp, cp = c["dp"][idx], c["cp"][idx]
-    z = c["zero"][idx]
-    sched = c["sched"][idx]
-    mi = c["m"][idx]
-    e_dp = ctx.edp[idx]
+
+    def col(name: str) -> np.ndarray:
+        return np.take(c[name], idx)  # np.take: several times faster than a[idx] here
+
+    t = col("tp").astype(float)
+    ep, etp = col("ep"), col("etp")
+    dp, cp = col("dp"), col("cp")
+    z = col("zero")
+    sched = col("sched")
+    mi = col("m")
+    e_dp = np.take(ctx.edp, idx)
     nmoe_mem = st.nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
     # Dense (TP-split) and expert parameters of each stage class, per 1/tp and 1/(ep etp).
     dense_s, exp_s = _stage_param_rows(model, st, p)
@@ -164,43 +182,50 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
                + np.where(stage >= 2, grad_b, 0.0) + np.where(stage >= 1, state_b, 0.0))
     whole = (np.where(stage >= 3, 0.0, cb) + np.where(stage >= 2, 0.0, grad_b)
              + np.where(stage >= 1, 0.0, state_b))
-    sh, wh = sharded[z], whole[z]
-    mbs = c["mbs"][idx].astype(float)
+    sh, wh = np.take(sharded, z), np.take(whole, z)
+    mbs = col("mbs").astype(float)
     s_local = training.seq_len / cp.astype(float)
     per_logit = loss_bytes_per_logit(training)
-    a = ctx.acts[ctx.inv[idx]]
+    key = np.take(ctx.inv, idx)
+    a_dense, a_moe, a_work = (np.take(ctx.acts_by_kind[j], key) for j in range(3))
     if model.is_moe:
         layer_params = np.maximum(model.dense_layer_params,
                                   model.moe_layer_params / np.maximum(1, ep))
     else:
         layer_params = float(model.dense_layer_params)
-    # Per plan x per stage class: weights, gradients, optimizer state, the working set of a
-    # layer, the logits and the embedding output (all times the allocator's fragmentation),
-    # and the per-plan constant: CUDA context, NCCL buffers, ZeRO-3's gathered layer.
+    # Per stage class x per plan (stage-major: the max over stages runs along contiguous
+    # rows): weights, gradients, optimizer state, the working set of a layer, the logits and
+    # the embedding output (all times the allocator's fragmentation), and the per-plan
+    # constant: CUDA context, NCCL buffers, ZeRO-3's gathered layer.
     frag = 1.0 + ALLOCATOR_FRAGMENTATION
     plan_terms = np.stack([
-        (sh / (dp * cp) + wh) * inv_t, (sh / e_dp + wh) * inv_e, a[:, 2],
+        (sh / (dp * cp) + wh) * inv_t, (sh / e_dp + wh) * inv_e, a_work,
         per_logit * s_local * mbs * model.vocab_size * inv_t * (1 + model.num_mtp_layers),
         2.0 * s_local * mbs * model.hidden_size,
         CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
-        + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)], axis=1)
+        + np.where(z == 3, 2.0 * layer_params / t * cb, 0.0)])
     stage_terms = np.stack([dense_s * frag, exp_s * frag, (layers > 0) * frag, last * frag,
-                            first * frag, np.ones(len(rr))])
-    peak = plan_terms @ stage_terms
+                            first * frag, np.ones(len(rr))], axis=1)
+    peak = stage_terms @ plan_terms
     ddp = (dp > 1) & (z < 3)  # DDP's fp32 bucket of gradients
     if ddp.any():
-        buckets = np.minimum(np.stack([inv_t, inv_e], axis=1) @ np.stack([dense_s, exp_s]),
+        buckets = np.minimum(np.stack([dense_s, exp_s], axis=1) @ np.stack([inv_t, inv_e]),
                              DDP_BUCKET_ELEMENTS)
-        peak += np.where(ddp, 4.0, 0.0)[:, None] * buckets
+        buckets *= np.where(ddp, 4.0, 0.0)
+        peak += buckets
     chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)  # moe.a2a_overlap_warmup
     warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
                     overlap_extra(model.num_layers, p, chunks), 0.0)
     infl = inflight(sched, p, mi, v, rr, warm)
-    peak += (a[:, :2] @ (np.stack([st.ndense, nmoe_mem]) * frag)) * infl
-    worst = np.argmax(peak, axis=1)
-    peak_w = peak[np.arange(len(idx)), worst] / GiB
+    infl *= (np.stack([st.ndense, nmoe_mem], axis=1) * frag) @ np.stack([a_dense, a_moe])
+    peak += infl
+    peak_w = peak.max(axis=0)
+    worst = np.full(len(peak_w), len(rr) - 1)  # the first stage class at the max (argmax's)
+    for j in range(len(rr) - 2, -1, -1):
+        worst = np.where(peak[j] == peak_w, j, worst)
+    peak_w /= GiB
     out_peak[idx] = peak_w
-    out_worst[idx] = rr[worst]
+    out_worst[idx] = np.take(rr, worst)
     return peak_w <= ctx.capacity_bytes / GiB
 
 
@@ -212,7 +237,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     ``ctx.head``."""
     model, training, c = space.model, space.training, space.cols
     cb = ctx.cb
-    st = _stages(model, p, v)
+    st = ctx.stages(model, p, v)
     rr, cls, lasts, cnt = st.rr, st.cls, st.lasts, st.cnt
     layers, nmoe, ndense, last = st.layers, st.nmoe, st.ndense, st.last
     t = c["tp"][idx].astype(float)
@@ -239,7 +264,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     f, b, sum_f, sum_b, f_min, ep_lone = f0, b0, f0 @ cnt, b0 @ cnt, f0.min(axis=1), 0.0
     fb_last = f0 + b0  # each class's last stage's work (the lower bound's per-rank form)
     if model.is_moe and training.moe_a2a_overlap:
-        lone = inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))) / m[:, None]
+        lone = inflight(sched, p, mi, v, np.arange(p), np.zeros(len(idx))).T / m[:, None]
         lone_f, lone_b = stage(7), stage(8)
         f, b = f0 + lone[:, rr] * lone_f, b0 + lone[:, rr] * lone_b
         lone_sum = lone @ cls
@@ -251,7 +276,8 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     fb = f + b
     crit = np.argmax(fb, axis=1)
     mean_f, mean_b, mean_w = sum_f / p, sum_b / p, w @ cnt / p
-    cc = ctx.comm.t_p2p[idx] if p > 1 else np.zeros(len(idx))
+    at = ctx.comm.pos(idx)  # the plans' entries in the communication tables
+    cc = ctx.comm.t_p2p[at] if p > 1 else np.zeros(len(idx))
     if p > 1 and v > 1 and ctx.overlap_p2p:  # simulator.pipeline.overlapped_p2p
         win = f_min / v
         cc = overlapped(cc, win, ctx.slow)
@@ -266,9 +292,9 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     # FSDP's units: ZeRO-3, and ZeRO-2 where it is FSDP's (it re-gathers every micro-batch:
     # zero2_regather), gather and reduce-scatter per layer (simulator.step).
     z3 = (z == 3) | ((z == 2) & training.zero2_regather)
-    g = ctx.comm.ginv[idx]
-    e = ctx.comm.einv[idx]
-    gb = ctx.comm.grad_bytes[idx]
+    g = ctx.comm.ginv[at]
+    e = ctx.comm.einv[at]
+    gb = ctx.comm.grad_bytes[at]
     gbytes = np.where(dp > 1, ctx.gather_bytes, cb)  # fp8 gathers need dp > 1
     # DDP all-reduces buckets; ZeRO-1/2 reduce-scatter grads and all-gather params in rings
     # (dp_sync.grad_sync_parts), DeepSpeed's bf16 ZeRO-1 all-reduces the grads in full.
@@ -326,19 +352,20 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     dp_time, zero3, opt, copies = tail(crit)
 
     out_step[idx] = span + dp_time + zero3 + opt + copies
-    comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
-    tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
-    cp_c = m * stage(5)[rows, crit]
-    ep_c = m * (stage(6) + ep_lone)[rows, crit]
-    times["compute"][idx] = m * comp[rows, crit] + copies
-    times["tp_comm"][idx] = tp_c
-    times["cp_comm"][idx] = cp_c
-    times["ep_comm"][idx] = ep_c
-    times["pp_comm"][idx] = pp_comm
-    times["dp_comm"][idx] = dp_time + zero3
-    times["bubble"][idx] = bubble
-    times["optimizer"][idx] = opt
-    times["exposed_comm"][idx] = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3
+    if times:  # the breakdown (empty where evaluate_space was not asked for it)
+        comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
+        tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
+        cp_c = m * stage(5)[rows, crit]
+        ep_c = m * (stage(6) + ep_lone)[rows, crit]
+        times["compute"][idx] = m * comp[rows, crit] + copies
+        times["tp_comm"][idx] = tp_c
+        times["cp_comm"][idx] = cp_c
+        times["ep_comm"][idx] = ep_c
+        times["pp_comm"][idx] = pp_comm
+        times["dp_comm"][idx] = dp_time + zero3
+        times["bubble"][idx] = bubble
+        times["optimizer"][idx] = opt
+        times["exposed_comm"][idx] = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3
     exact[idx] &= (c["uneven"][idx] == 0) & ~odd
     # Uneven splits: the closed form above estimates their span, so they get a bound the
     # event simulation cannot beat, whatever the schedule. The critical rank does its own

@@ -21,8 +21,12 @@ from paraplan.specs.topology import Topology
 
 @dataclass(frozen=True)
 class CommTables:
-    """Per-plan arrays over the whole space (filled at the rows asked for, 0 elsewhere) and
-    the per-group (alpha, beta) line tables they index."""
+    """Per-plan arrays over the plans asked for (``rows``, in increasing order; ``pos`` maps
+    plans to their entries) and the per-group (alpha, beta) line tables they index. Nothing
+    is the size of the whole space: a search times a small part of it."""
+
+    rows: np.ndarray
+    """The plans (indices into the space, increasing) the arrays below describe."""
 
     ginv: np.ndarray
     """Row of ``ar``/``ag``/``rs``: the plan's (tp, cp x dp) data-parallel group."""
@@ -39,14 +43,17 @@ class CommTables:
     grad_bytes: np.ndarray
     """Gradient bytes per element on the wire (``simulator.compression``)."""
 
+    def pos(self, idx: np.ndarray) -> np.ndarray:
+        """Entries of the plans ``idx`` (each one of ``rows``) in the arrays above."""
+        return np.searchsorted(self.rows, idx)
+
 
 def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTables:
-    """``CommTables`` of the plans ``rows`` (indices into the space); ``edp`` each plan's
-    expert-data-parallel size."""
+    """``CommTables`` of the plans ``rows`` (increasing indices into the space); ``edp`` each
+    plan's expert-data-parallel size (over the whole space)."""
     model, cluster, training = space.model, space.cluster, space.training
     topo = cluster.topology
     c = space.cols
-    n = len(space)
     tp_, cp_, dp_, ep_, etp_ = (c[k][rows] for k in ("tp", "cp", "dp", "ep", "etp"))
     pp_, mbs = c["pp"][rows], c["mbs"][rows]
     # Gradient bytes per element on the wire: PowerSGD's depends on the TP/expert-TP shard
@@ -55,12 +62,12 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     utp, tinv = key_index([tp_, etp_])
     per_tp = np.array([effective_grad_bytes(model, training, ParallelPlan(
         tp=int(t_), etp=int(e_) if int(e_) else None, **knobs)) for t_, e_ in utp])
-    ginv, einv = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    ug, ginv[rows] = key_index([tp_, cp_ * dp_])
+    einv = np.zeros(len(rows), dtype=np.int64)
+    ug, ginv = key_index([tp_, cp_ * dp_])
     ar, ag, rs = strided_group_lines(topo, ug)
     ear = eag = ers = np.zeros((1, 3, 2))
     if model.is_moe:
-        ue, einv[rows] = key_index([etp_ * ep_, edp[rows]])
+        ue, einv = key_index([etp_ * ep_, edp[rows]])
         ear, eag, ers = strided_group_lines(topo, ue)
     # Pipeline sends in rank order: the slowest stage boundary paces (simulate's rule,
     # collectives.pipeline_p2p): the time is the max over the distinct (latency, bandwidth)
@@ -77,11 +84,9 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     act_bytes = mbs * training.seq_len / cp_ * model.hidden_size \
         * float(training.compute_bytes) * pp_ratio(training, ParallelPlan(**knobs))
     lines_of = p2p_lines[kinv.reshape(-1)]
-    t_p2p, grad_bytes = np.zeros(n), np.zeros(n)
-    t_p2p[rows] = np.where(pp_ > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
-                                           / lines_of[:, :, 1], axis=1), 0.0)
-    grad_bytes[rows] = per_tp[tinv]
-    return CommTables(ginv, ar, ag, rs, einv, ear, eag, ers, t_p2p, grad_bytes)
+    t_p2p = np.where(pp_ > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
+                                     / lines_of[:, :, 1], axis=1), 0.0)
+    return CommTables(rows, ginv, ar, ag, rs, einv, ear, eag, ers, t_p2p, per_tp[tinv])
 
 
 def strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -47,9 +47,10 @@ rows 2.13 s, of 32,768-131,072 rows 1.41-1.44 s."""
 class Evaluation:
     """Per-plan results of ``evaluate_space`` (arrays aligned with the space's rows).
 
-    ``time`` holds the StepReport ``time_s`` breakdown keys; ``peak_gib`` the worst stage's
-    peak memory (GiB); ``exact`` is False where the pipeline span is the closed-form
-    approximation (uneven splits) rather than what ``simulate()`` returns; ``lower_s`` a
+    ``time`` holds the StepReport ``time_s`` breakdown keys (empty without ``breakdown``);
+    ``peak_gib`` the worst stage's peak memory (GiB); ``exact`` is False where the pipeline
+    span is the closed-form approximation (uneven splits) rather than what ``simulate()``
+    returns; ``lower_s`` a
     lower bound on the step time ``simulate()`` returns (the step time itself where that is
     exact or already a bound; for uneven splits ``block.block_time``'s span bound). Plans a
     ``top`` evaluation leaves untimed (``prune``) have a NaN step, ``exact`` False and
@@ -72,7 +73,7 @@ class Evaluation:
 def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None = None, *,
                    exact_interleaved: bool = True, times_for_oom: bool = False,
                    workers: int | None = None, top: int | None = None,
-                   cutoff: float | None = None) -> Evaluation:
+                   cutoff: float | None = None, breakdown: bool = True) -> Evaluation:
     """Step time, peak memory and time breakdown of every plan (see module docstring).
 
     Args:
@@ -88,6 +89,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             the others that fit keep a NaN step time, ``exact=False`` and their bound as
             ``lower_s``. ``cutoff`` (with ``top``): a ``top``-th best step time already known
             (another MoE run setting's search).
+        breakdown: fill ``Evaluation.time`` (else it is empty: a search that ranks by step
+            time and simulates its finalists saves nine arrays over the whole space).
     """
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -117,7 +120,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     out_lower = np.full(n, np.nan)
     tkeys = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
              "optimizer", "exposed_comm")
-    times = {k: np.zeros(n) for k in tkeys}
+    times = {k: np.zeros(n) for k in tkeys} if breakdown else {}
     if n == 0:
         return Evaluation(out_step, out_peak, out_worst, capacity, times, exact, out_lower)
 

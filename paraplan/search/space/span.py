@@ -12,27 +12,28 @@ from paraplan.simulator.pipeline import SCHEDULES, _group_size, pipeline_time
 
 def inflight(sched: np.ndarray, p: int, m: np.ndarray, v: int,
              stages: np.ndarray, extra: np.ndarray) -> np.ndarray:
-    """``pipeline.inflight_microbatches`` for every plan (rows) and stage in ``stages``, with
-    each plan's ``extra`` live (chunk-)micro-batches: ``min(base + extra, m)`` where the base
-    is ``p - stage`` (1f1b), ``p`` (zb-h1) or unbounded (gpipe), one small table per schedule
-    gathered by each plan's; interleaved plans (v > 1) get their own form, on their rows
-    only."""
-    mm = m[:, None].astype(float)
-    base = np.empty((len(SCHEDULES), len(stages)))
-    base[:] = p - stages  # 1f1b
-    base[SCHEDULES.index("gpipe")] = np.inf  # every micro-batch: min(inf, m) = m
-    base[SCHEDULES.index("zb-h1")] = p
-    ahead = base[sched]
+    """``pipeline.inflight_microbatches`` for every stage in ``stages`` (rows) and plan
+    (columns), with each plan's ``extra`` live (chunk-)micro-batches: ``min(base + extra,
+    m)`` where the base is ``p - stage`` (1f1b), ``p`` (zb-h1) or unbounded (gpipe), one
+    small table per schedule taken by each plan's; interleaved plans (v > 1) get their own
+    form, on their columns only. Stage-major, so a block's reductions over stages run along
+    the first axis (contiguous rows: numpy's fast direction)."""
+    mm = m.astype(float)
+    base = np.empty((len(stages), len(SCHEDULES)))
+    base[:] = (p - stages)[:, None]  # 1f1b
+    base[:, SCHEDULES.index("gpipe")] = np.inf  # every micro-batch: min(inf, m) = m
+    base[:, SCHEDULES.index("zb-h1")] = p
+    ahead = np.take(base, sched, axis=1)
     if extra.any():
-        ahead += extra[:, None]
+        ahead += extra[None, :]
     out = np.minimum(ahead, mm, out=ahead)
     il = (sched == SCHEDULES.index("interleaved")) & (v > 1)
     if il.any():
         rows = np.flatnonzero(il)
         um, minv = key_index([m[rows]])
-        g = np.array([_group_size(p, int(x)) for x in um[:, 0]], dtype=float)[minv, None]
-        out[rows] = np.minimum(2 * (p - stages[None, :] - 1) + (v - 1) * g + 1
-                               + extra[rows, None], mm[rows] * v) / v
+        g = np.array([_group_size(p, int(x)) for x in um[:, 0]], dtype=float)[minv]
+        out[:, rows] = np.minimum(2 * (p - stages[:, None] - 1) + (v - 1) * g + 1
+                                  + extra[rows], mm[rows] * v) / v
     return out
 
 
