@@ -50,11 +50,10 @@ class Evaluation:
     ``time`` holds the StepReport ``time_s`` breakdown keys (empty without ``breakdown``);
     ``peak_gib`` the worst stage's peak memory (GiB); ``exact`` is False where the pipeline
     span is the closed-form approximation (uneven splits) rather than what ``simulate()``
-    returns; ``lower_s`` a
-    lower bound on the step time ``simulate()`` returns (the step time itself where that is
-    exact or already a bound; for uneven splits ``block.block_time``'s span bound). Plans a
-    ``top`` evaluation leaves untimed (``prune``) have a NaN step, ``exact`` False and
-    ``prune.work_bound`` as ``lower_s``.
+    returns; ``lower_s`` a lower bound on the step time ``simulate()`` returns (the step time
+    itself where that is exact or already a bound; for uneven splits ``block.block_time``'s
+    span bound). Plans a ``top`` evaluation leaves untimed (``prune``) have a NaN step,
+    ``exact`` False and ``prune.work_bound`` as ``lower_s``.
     """
 
     step_time_s: np.ndarray
