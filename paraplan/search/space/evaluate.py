@@ -180,14 +180,20 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
             return pool.map(lambda b: timing(b, mask), blocks)
 
         if top is not None:  # a first pass finds the top-th best time; the rest must beat it
-            bound = work_bound(c["m"], c["pp"], inv, ctx.lc, model.num_dense_layers,
+            # Only plans that fit set the K-th time or can be pruned: bound those alone.
+            rows = np.flatnonzero(fits)
+            bound = work_bound(np.take(c["m"], rows), np.take(c["pp"], rows),
+                               np.take(inv, rows), ctx.lc, model.num_dense_layers,
                                model.num_moe_layers)
-            first = first_pass(bound, fits, top)  # only plans that fit set the K-th time
+            first = np.zeros(n, dtype=bool)
+            first[rows[first_pass(bound, top)]] = True
             list(time_rows(first))
             kth = kth_exact(out_step, exact, first, top, cutoff)
-            pruned = fits & ~first & (bound >= kth)
-            want = want & ~first & ~pruned
-            out_lower[pruned], exact[pruned] = bound[pruned], False
+            cut = (bound >= kth) & ~first[rows]
+            pruned = rows[cut]
+            want = want & ~first
+            want[pruned] = False
+            out_lower[pruned], exact[pruned] = bound[cut], False
         done = 0
         for count in time_rows(want):
             done += count

@@ -41,17 +41,21 @@ def key_index(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         return keys.astype(np.int64), inv.reshape(-1)
     # Mixed radix over the distinct counts, one column at a time (each column's rank table is
     # max + 1 entries; the rows' ranks are gathered into the code and dropped, so the
-    # temporaries stay two arrays of the rows whatever the column count).
-    code = np.zeros(n, dtype=np.int64)
+    # temporaries stay two arrays of the rows whatever the column count). Codes and tables
+    # are int32 where the code space allows: half the memory traffic, and np.take rather
+    # than fancy indexing (several times faster for gathers from a small table).
+    small = space < 1 << 31
+    dtype = np.int32 if small else np.int64
+    code = np.zeros(n, dtype=dtype)
     for col, seen, v in zip(cols, seens, values, strict=True):
-        rank = np.cumsum(seen, dtype=np.int64) - 1
+        rank = np.cumsum(seen, dtype=dtype) - 1
         code *= len(v)
-        code += rank[col]
+        code += np.take(rank, col)
     if space <= min(DENSE_KEYS, 8 * n):  # a table no larger than a few times the rows
         hit = np.zeros(space, dtype=bool)
         hit[code] = True
         uniq = np.flatnonzero(hit)
-        inv = (np.cumsum(hit, dtype=np.int64) - 1)[code]
+        inv = np.take(np.cumsum(hit, dtype=dtype) - 1, code).astype(np.int64)
     else:
         uniq, inv = np.unique(code, return_inverse=True)
     digits = []

@@ -41,16 +41,14 @@ def work_bound(m: np.ndarray, pp: np.ndarray, key: np.ndarray, lc: np.ndarray,
     return m * per_key[key] / pp
 
 
-def first_pass(bound: np.ndarray, candidates: np.ndarray, top: int) -> np.ndarray:
-    """Mask of the ``candidates`` timed first: the ``max(FIRST_PASS_PLANS, 64 top)`` with the
-    smallest bounds (all of them when there are no more)."""
-    rows = np.nonzero(candidates)[0]
+def first_pass(bound: np.ndarray, top: int) -> np.ndarray:
+    """Positions in ``bound`` (the bounds of the candidate plans) of the plans timed first:
+    the ``max(FIRST_PASS_PLANS, 64 top)`` with the smallest bounds (all of them when there
+    are no more), in no particular order."""
     want = max(FIRST_PASS_PLANS, 64 * top)
-    if len(rows) > want:
-        rows = rows[np.argpartition(bound[rows], want - 1)[:want]]
-    mask = np.zeros(len(bound), dtype=bool)
-    mask[rows] = True
-    return mask
+    if len(bound) > want:
+        return np.argpartition(bound, want - 1)[:want]
+    return np.arange(len(bound))
 
 
 def kth_exact(step: np.ndarray, exact: np.ndarray, timed: np.ndarray, top: int,
