@@ -10,6 +10,12 @@ import numpy as np
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.comm_tables import CommTables
 from paraplan.search.space.span import inflight, pipeline_span
+from paraplan.search.space.stage_classes import (
+    Stages,
+    stage_classes,
+    stage_param_rows,
+    stage_params,
+)
 from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import Device
 from paraplan.simulator.memory import (
@@ -20,11 +26,9 @@ from paraplan.simulator.memory import (
     GiB,
     dp_bucket_elements,
     loss_bytes_per_logit,
-    moe_layers_in,
 )
 from paraplan.simulator.moe import overlap_extra
 from paraplan.simulator.pipeline import SCHEDULES
-from paraplan.simulator.stages import pipeline_chunks
 
 
 def _chunked(lines: np.ndarray, nbytes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
@@ -63,84 +67,18 @@ class Context:
     """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
     acts_by_kind: np.ndarray = field(init=False)
     """``acts`` kind-major (dense, MoE, working set rows): one contiguous row per kind."""
-    _stage_cache: dict[tuple[int, int], _Stages] = field(init=False, default_factory=dict)
+    _stage_cache: dict[tuple[int, int], Stages] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.acts_by_kind = np.ascontiguousarray(self.acts.T)
 
-    def stages(self, model, p: int, v: int) -> _Stages:
-        """``_stages`` of a (pp, vpp) block, built once per search (the blocks' pieces and
+    def stages(self, model, p: int, v: int) -> Stages:
+        """``stage_classes`` of a (pp, vpp) block, built once per search (the blocks' pieces and
         both passes share it; dict assignment is atomic, so threads may race harmlessly)."""
         hit = self._stage_cache.get((p, v))
         if hit is None:
-            hit = self._stage_cache[(p, v)] = _stages(model, p, v)
+            hit = self._stage_cache[(p, v)] = stage_classes(model, p, v)
         return hit
-
-
-@dataclass(frozen=True)
-class _Stages:
-    """Stage classes of a (pp, vpp) block: stages with the same (layers, MoE layers, first,
-    last) differ only in in-flight micro-batches, which never grow with the stage index; so
-    each class's first stage (``rr``) is the one that can be the slowest or fullest, and sums
-    over stages need only class counts."""
-
-    rr: np.ndarray
-    cls: np.ndarray
-    """stage -> its class (one-hot columns of ``rr``)"""
-    lasts: np.ndarray
-    cnt: np.ndarray
-    layers: np.ndarray
-    nmoe: np.ndarray
-    ndense: np.ndarray
-    first: np.ndarray
-    last: np.ndarray
-
-
-def _stages(model, p: int, v: int) -> _Stages:
-    L = model.num_layers
-    chunks = pipeline_chunks(L, p, v)
-    assert chunks is not None  # the space only holds shapes that have a split
-    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    all_layers = [sum(chunks[ch * p + r] for ch in range(v)) for r in range(p)]
-    all_moe = [sum(moe_layers_in(model, int(starts[ch * p + r]), chunks[ch * p + r])
-                   for ch in range(v)) if model.is_moe else 0 for r in range(p)]
-    stage_keys = [(all_layers[r], all_moe[r], r == 0, r == p - 1) for r in range(p)]
-    firsts: dict[tuple, int] = {}
-    for r, key in enumerate(stage_keys):
-        firsts.setdefault(key, r)
-    rr = np.array(sorted(firsts.values()))
-    column = {int(r): j for j, r in enumerate(rr)}
-    cls = np.zeros((p, len(rr)))
-    for r, key in enumerate(stage_keys):
-        cls[r, column[firsts[key]]] = 1.0
-    layers = np.array([all_layers[r] for r in rr], dtype=float)
-    nmoe = np.array([all_moe[r] for r in rr], dtype=float)
-    return _Stages(rr, cls, p - 1 - np.argmax(cls[::-1], axis=0), cls.sum(axis=0), layers,
-                   nmoe, layers - nmoe, (rr == 0).astype(float), (rr == p - 1).astype(float))
-
-
-def _stage_params(model, st: _Stages, p: int, t: np.ndarray, ep: np.ndarray,
-                  etp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Dense (TP-split) and expert parameters on each plan's rank of each stage class."""
-    dense, experts = _stage_param_rows(model, st, p)
-    dense_r = dense[None, :] / t[:, None]
-    if model.is_moe:
-        return dense_r, experts[None, :] / (ep * etp).astype(float)[:, None]
-    return dense_r, np.zeros((len(t), len(st.rr)))
-
-
-def _stage_param_rows(model, st: _Stages, p: int) -> tuple[np.ndarray, np.ndarray]:
-    """``_stage_params`` before the per-plan division: each stage class's dense parameters
-    (to divide by tp) and expert parameters (to divide by ep * etp)."""
-    shared = model.moe_layer_shared_params if model.is_moe else 0.0
-    head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
-                                          if model.tie_word_embeddings and p > 1 else 0) \
-        + model.mtp_dense_params
-    dense = (st.ndense * model.dense_layer_params + st.nmoe * shared
-             + st.first * model.embedding_params + st.last * head_params)
-    experts = (st.nmoe * model.num_experts * model.expert_params
-               + st.last * model.mtp_expert_params) if model.is_moe else np.zeros(len(st.rr))
-    return np.asarray(dense, dtype=float), np.asarray(experts, dtype=float)
 
 
 def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
@@ -169,7 +107,7 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     e_dp = np.take(ctx.edp, idx)
     nmoe_mem = st.nmoe + last * model.num_mtp_layers  # MTP blocks sit on the last stage
     # Dense (TP-split) and expert parameters of each stage class, per 1/tp and 1/(ep etp).
-    dense_s, exp_s = _stage_param_rows(model, st, p)
+    dense_s, exp_s = stage_param_rows(model, st, p)
     inv_t = 1.0 / t
     inv_e = 1.0 / (ep * etp).astype(float)  # (a dense model's expert rows are 0)
     # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
@@ -247,7 +185,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
     mi = c["m"][idx]
     m = mi.astype(float)
     e_dp = ctx.edp[idx]
-    dense_r, exp_r = _stage_params(model, st, p, t, c["ep"][idx], c["etp"][idx])
+    dense_r, exp_r = stage_params(model, st, p, t, c["ep"][idx], c["etp"][idx])
     rows = np.arange(len(idx))
     key = ctx.inv[idx]
     ld, lm, hh = ctx.lc[key, 0], ctx.lc[key, 1], ctx.head[key]
