@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from math import comb
 
+import numpy as np
 import pytest
 
 from paraplan.simulator import collectives as coll
@@ -13,6 +14,7 @@ from paraplan.simulator import moe
 from paraplan.simulator.compute import Device
 from paraplan.simulator.elementwise import ACTIVATION_KERNEL_COST, elementwise_bytes_per_token
 from paraplan.simulator.layer import compose_layer_cost, layer_parts
+from paraplan.simulator.layer_compose import OVERLAPPED_A2A_STRETCH
 from paraplan.simulator.memory import layer_activation_bytes
 from paraplan.specs.loaders import load_cluster, load_model, load_trainer
 from paraplan.specs.plan import ParallelPlan
@@ -126,8 +128,14 @@ def test_a2a_overlap_hides_what_compute_covers() -> None:
     side_w = lt.gemm_fwd_s - e
     pieces = [side_w + lt.forward_s - e, e, 2 * e, lt.backward_s - 2 * e - side_w]
     assert sum(pieces) == pytest.approx(lt.forward_s + lt.backward_s)
-    expected = sum(max(0.0, a2a - x) + min(a2a, x) * slow for x in pieces)
+    # Beside compute each runs OVERLAPPED_A2A_STRETCH (k) times slower: a piece of x seconds
+    # carries x / k of it, the rest runs alone; the compute loses the SMs' share while covered.
+    k = OVERLAPPED_A2A_STRETCH
+    assert k == pytest.approx(1.312, abs=5e-4)  # 10.83 s / 8.25 s of kernel time (Nsight A/B)
+    expected = sum(max(0.0, a2a - x / k) + min(a2a * k, x) * slow for x in pieces)
     assert exposed.ep == pytest.approx(expected)
+    # Unstretched, the same pieces would have hidden more.
+    assert exposed.ep > sum(max(0.0, a2a - x) + min(a2a, x) * slow for x in pieces)
     assert exposed.ep < compose_layer_cost(_parts(base, plan), "none").ep
     # Pooling all the compute against all the communication would hide more: an all-to-all
     # longer than its own piece stays partly exposed even when the layer's compute is longer.
@@ -568,3 +576,15 @@ def test_nvidias_hybridep_rows_run_on_32_sms() -> None:
     assert all(r.training.moe_dispatcher_sms is None for r in rows
                if r.training.moe_dispatcher == "alltoall")
     assert sum(r.training.moe_dispatcher_sms == 32 for r in rows) == 12
+
+
+def test_a_stretched_collective_moves_only_window_over_stretch_while_covered() -> None:
+    # 2 s of traffic under a 1 s window at half speed: the window carries 0.5 s of it, the
+    # other 1.5 s run alone; the compute loses 10% of the 1 s it was covered.
+    assert coll.overlapped(2.0, 1.0, 0.1, 2.0) == pytest.approx(1.5 + 0.1)
+    # 0.4 s at 1.5x fits in a 1 s window: nothing exposed, 0.6 s covered.
+    assert coll.overlapped(0.4, 1.0, 0.1, 1.5) == pytest.approx(0.06)
+    # No stretch: the plain rule; arrays alike.
+    assert coll.overlapped(2.0, 1.0, 0.1) == pytest.approx(1.0 + 0.1)
+    arr = coll.overlapped(np.array([2.0, 0.4]), np.array([1.0, 1.0]), 0.1, np.array([2.0, 1.5]))
+    np.testing.assert_allclose(arr, [1.6, 0.06])

@@ -12,6 +12,18 @@ from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import LayerTimes
 from paraplan.simulator.pipeline import inflight_microbatches
 
+OVERLAPPED_A2A_STRETCH = (3958.997 / 0.3655) / (9.079 / 0.0011)
+"""How much longer the MoE all-to-all kernels run beside compute than alone (1.312): NVIDIA's
+Nsight Systems A/B of the 16-H100 Qwen3-30B-A3B HybridEP run, the same 463,348 rank-0 kernels
+with the all-to-all overlap off and on (Megatron-Bridge
+``skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md`` @067f987df): communication concurrent
+with GEMM and attention 9.079 ms = 0.11% of the communication time off (8.25 s), 3,958.997 ms
+= 36.55% on (10.83 s). The dispatch and combine kernels share the SMs' memory bandwidth and
+the copy engines with the GEMMs they hide under, so they take 31% longer (the percentages'
+rounding bounds it to 1.25-1.37x); the GPU-active time fell only 1.60 s (22.82 -> 21.22 s)
+where 3.96 s of communication was hidden. Measured on HybridEP; NCCL's all-to-all, also
+SM-driven, is given the same stretch (no profile of it was published)."""
+
 
 @dataclass(frozen=True)
 class LayerCost:
@@ -141,11 +153,15 @@ def overlapped_a2a(fwd_s: Any, bwd_s: Any, gemm_s: Any, expert_s: Any, a2a_s: An
     - backward dispatch | the experts' weight gradients, then their forward;
     - forward combine | attention side backward (with ``recompute_s``, what it re-runs).
 
-    Each phase lasts as long as the longer of the two; the covered part costs the
-    communication kernels' SMs (``slowdown`` of the compute it runs under). Warm-up and
+    Each phase lasts as long as the longer of the two; while covered, the all-to-all runs
+    ``OVERLAPPED_A2A_STRETCH`` times slower and costs the compute the communication kernels'
+    SMs (``slowdown`` of the compute it runs under). Warm-up and
     cool-down passes, which have no partner, pay ``LayerCost.ep_lone_fwd`` / ``_bwd`` on top
     (``unpartnered_share``)."""
     side_wgrad = gemm_s - expert_s
     side_bwd = bwd_s + recompute_s - 2 * expert_s
     pieces = (side_wgrad + fwd_s - expert_s, expert_s, 2 * expert_s, side_bwd - side_wgrad)
-    return sum(overlapped(a2a_s, x, slowdown) for x in pieces)
+    # Beside compute an all-to-all runs OVERLAPPED_A2A_STRETCH times slower (where no
+    # overlap is on, slowdown is 0 and nothing is overlapped: the stretch never applies).
+    stretch = 1.0 + (OVERLAPPED_A2A_STRETCH - 1.0) * (slowdown > 0)
+    return sum(overlapped(a2a_s, x, slowdown, stretch) for x in pieces)
