@@ -37,20 +37,14 @@ from paraplan.specs.errors import SpecError
 from paraplan.specs.topology import RingCost, Topology, boundary_ranks
 
 
-def overlapped(comm_s: Any, window_s: Any, slowdown: Any, stretch: Any = 1.0) -> Any:
+def overlapped(comm_s: Any, window_s: Any, slowdown: Any) -> Any:
     """Seconds a collective of ``comm_s`` costs when it runs under ``window_s`` of compute:
     what the window cannot hide, plus the share of the covered time the compute loses to the
-    communication kernels' SMs (``slowdown``; e.g. ``Device.nccl_slowdown``). ``stretch``:
-    beside compute the collective runs that many times slower (a window of ``w`` seconds
-    carries ``w / stretch`` of it; the rest runs alone at full speed), so the covered time is
-    up to ``stretch`` times ``comm_s``. Numbers or numpy arrays alike (the vectorized search
-    prices every plan with it)."""
-    if isinstance(comm_s, np.ndarray) or isinstance(window_s, np.ndarray) \
-            or isinstance(stretch, np.ndarray):
-        long = comm_s * stretch
-        return np.maximum(0.0, long - window_s) / stretch + np.minimum(long, window_s) * slowdown
-    long = comm_s * stretch
-    return max(0.0, long - window_s) / stretch + min(long, window_s) * slowdown
+    communication kernels' SMs (``slowdown``; e.g. ``Device.nccl_slowdown``). Numbers or numpy
+    arrays alike (the vectorized search prices every plan with it)."""
+    if isinstance(comm_s, np.ndarray) or isinstance(window_s, np.ndarray):
+        return np.maximum(0.0, comm_s - window_s) + np.minimum(comm_s, window_s) * slowdown
+    return max(0.0, comm_s - window_s) + min(comm_s, window_s) * slowdown
 
 
 def ring_all_reduce(nbytes: float, n: int, bandwidth_Bps: float, latency_s: float) -> float:

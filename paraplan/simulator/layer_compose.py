@@ -13,16 +13,18 @@ from paraplan.simulator.compute import LayerTimes
 from paraplan.simulator.pipeline import inflight_microbatches
 
 OVERLAPPED_A2A_STRETCH = (3958.997 / 0.3655) / (9.079 / 0.0011)
-"""How much longer the MoE all-to-all kernels run beside compute than alone (1.312): NVIDIA's
-Nsight Systems A/B of the 16-H100 Qwen3-30B-A3B HybridEP run, the same 463,348 rank-0 kernels
-with the all-to-all overlap off and on (Megatron-Bridge
+"""How much longer the MoE all-to-all kernels run with the all-to-all overlap on than off
+(1.312): NVIDIA's Nsight Systems A/B of the 16-H100 Qwen3-30B-A3B HybridEP run, the same
+463,348 rank-0 kernels with the overlap off and on (Megatron-Bridge
 ``skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md`` @067f987df): communication concurrent
 with GEMM and attention 9.079 ms = 0.11% of the communication time off (8.25 s), 3,958.997 ms
-= 36.55% on (10.83 s). The dispatch and combine kernels share the SMs' memory bandwidth and
-the copy engines with the GEMMs they hide under, so they take 31% longer (the percentages'
-rounding bounds it to 1.25-1.37x); the GPU-active time fell only 1.60 s (22.82 -> 21.22 s)
-where 3.96 s of communication was hidden. Measured on HybridEP; NCCL's all-to-all, also
-SM-driven, is given the same stretch (no profile of it was published)."""
+= 36.55% on (10.83 s); the percentages' rounding bounds the ratio to 1.25-1.37. The dispatch
+and combine kernels share the SMs' memory bandwidth and copy engines with the kernels they
+run beside; the GPU-active time fell only 1.60 s (22.82 -> 21.22 s) where 3.96 s of
+communication was hidden. Applied to every all-to-all of an overlapped layer, as the
+profile's total measures it (NVIDIA's guide: "Small-EP MoE runs can still be flat or even
+slower", docs/training/communication-overlap.md). Measured on HybridEP; NCCL's all-to-all,
+also SM-driven, is given the same (no profile of it was published)."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,12 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
     tp_f, tp_b = 2 * tp_s, 2 * tp_s + full * 2 * tp_s
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
-    ep_f, ep_b = ep_s, ep_s + full * ep_s
     # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
     over = (slowdown > 0) * (full == 0)
+    # With the overlap on, every all-to-all kernel of the layer runs OVERLAPPED_A2A_STRETCH
+    # times as long (the profile's total; partnered or not, as measured).
+    stretch = 1.0 + (OVERLAPPED_A2A_STRETCH - 1.0) * over
+    ep_f, ep_b = ep_s * stretch, (ep_s + full * ep_s) * stretch
     exposed = overlapped_a2a(fwd_s, bwd_s, gemm_s, expert_s, (ep_f + ep_b) / 4, extra,
                              over * slowdown)
     # The forward's host stall waits like the dispatch it sits in (counted with it), again
@@ -153,15 +158,12 @@ def overlapped_a2a(fwd_s: Any, bwd_s: Any, gemm_s: Any, expert_s: Any, a2a_s: An
     - backward dispatch | the experts' weight gradients, then their forward;
     - forward combine | attention side backward (with ``recompute_s``, what it re-runs).
 
-    Each phase lasts as long as the longer of the two; while covered, the all-to-all runs
-    ``OVERLAPPED_A2A_STRETCH`` times slower and costs the compute the communication kernels'
-    SMs (``slowdown`` of the compute it runs under). Warm-up and
+    Each phase lasts as long as the longer of the two; the covered part costs the
+    communication kernels' SMs (``slowdown`` of the compute it runs under). ``a2a_s`` is
+    already the overlapped run's (``OVERLAPPED_A2A_STRETCH``). Warm-up and
     cool-down passes, which have no partner, pay ``LayerCost.ep_lone_fwd`` / ``_bwd`` on top
     (``unpartnered_share``)."""
     side_wgrad = gemm_s - expert_s
     side_bwd = bwd_s + recompute_s - 2 * expert_s
     pieces = (side_wgrad + fwd_s - expert_s, expert_s, 2 * expert_s, side_bwd - side_wgrad)
-    # Beside compute an all-to-all runs OVERLAPPED_A2A_STRETCH times slower (where no
-    # overlap is on, slowdown is 0 and nothing is overlapped: the stretch never applies).
-    stretch = 1.0 + (OVERLAPPED_A2A_STRETCH - 1.0) * (slowdown > 0)
-    return sum(overlapped(a2a_s, x, slowdown, stretch) for x in pieces)
+    return sum(overlapped(a2a_s, x, slowdown) for x in pieces)
