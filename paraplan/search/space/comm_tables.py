@@ -45,7 +45,10 @@ class CommTables:
 
     def pos(self, idx: np.ndarray) -> np.ndarray:
         """Entries of the plans ``idx`` (each one of ``rows``) in the arrays above."""
-        return np.searchsorted(self.rows, idx)
+        at = np.searchsorted(self.rows, idx)
+        if len(idx) and (at.max() >= len(self.rows) or (self.rows[at] != idx).any()):
+            raise ValueError("communication tables were built for other plans")
+        return at
 
 
 def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTables:

@@ -50,8 +50,11 @@ def stage_classes(model, p: int, v: int) -> Stages:
         cls[r, column[firsts[key]]] = 1.0
     layers = np.array([all_layers[r] for r in rr], dtype=float)
     nmoe = np.array([all_moe[r] for r in rr], dtype=float)
-    return Stages(rr, cls, p - 1 - np.argmax(cls[::-1], axis=0), cls.sum(axis=0), layers,
-                   nmoe, layers - nmoe, (rr == 0).astype(float), (rr == p - 1).astype(float))
+    arrays = (rr, cls, p - 1 - np.argmax(cls[::-1], axis=0), cls.sum(axis=0), layers, nmoe,
+              layers - nmoe, (rr == 0).astype(float), (rr == p - 1).astype(float))
+    for a in arrays:  # shared by every piece and thread of a search (block.Context.stages)
+        a.setflags(write=False)
+    return Stages(*arrays)
 
 
 def stage_params(model, st: Stages, p: int, t: np.ndarray, ep: np.ndarray,
