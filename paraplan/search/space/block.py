@@ -151,9 +151,11 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
                              DDP_BUCKET_ELEMENTS)
         buckets *= np.where(ddp, 4.0, 0.0)
         peak += buckets
-    chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)  # moe.a2a_overlap_warmup
-    warm = np.where((ep > 1) & model.is_moe & training.moe_a2a_overlap,
-                    overlap_extra(model.num_layers, p, chunks), 0.0)
+    if model.is_moe and training.moe_a2a_overlap:  # moe.a2a_overlap_warmup
+        chunks = np.where(sched == SCHEDULES.index("interleaved"), v, 1)
+        warm = np.where(ep > 1, overlap_extra(model.num_layers, p, chunks), 0.0)
+    else:
+        warm = np.zeros(len(sched))
     infl = inflight(sched, p, mi, v, rr, warm)
     infl *= (np.stack([st.ndense, nmoe_mem], axis=1) * frag) @ np.stack([a_dense, a_moe])
     peak += infl
