@@ -52,6 +52,9 @@ class Context:
     opt_coef: float
     fsdp_coef: np.ndarray
     """Seconds per parameter per micro-batch of FSDP's copies, by ZeRO stage 0..3."""
+    zero_bytes: np.ndarray
+    """Bytes per parameter of weights, gradients and optimizer state by ZeRO stage 0..3:
+    row 0 sharded over the data-parallel degree, row 1 kept whole."""
     overlap: bool
     interval: float
     capacity_bytes: float
@@ -59,18 +62,14 @@ class Context:
     inv: np.ndarray
     lc: np.ndarray
     acts: np.ndarray
+    """Activation bytes by kind (dense, MoE, working set) and key (``inv``)."""
     head: np.ndarray
     edp: np.ndarray
     comm: CommTables | None = None
     """What ``block_time`` reads of the collectives (built for the plans it times)."""
     overlap_p2p: bool = False
     """Interleaved pipeline sends overlap a chunk's compute (plan.overlap_p2p_comm)."""
-    acts_by_kind: np.ndarray = field(init=False)
-    """``acts`` kind-major (dense, MoE, working set rows): one contiguous row per kind."""
     _stage_cache: dict[tuple[int, int], Stages] = field(init=False, default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.acts_by_kind = np.ascontiguousarray(self.acts.T)
 
     def stages(self, model, p: int, v: int) -> Stages:
         """``stage_classes`` of a (pp, vpp) block, built once per search (the blocks' pieces and
@@ -112,20 +111,13 @@ def block_memory(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context
     inv_e = 1.0 / (ep * etp).astype(float)  # (a dense model's expert rows are 0)
     # Weights, gradients and optimizer state per stage: each plan's bytes per dense and per
     # expert parameter (sharded over dp*cp / expert-DP from ZeRO stage 3, 2, 1 on) times
-    # the stage's parameters, ``sharded[z] / degree + whole[z]`` by ZeRO stage z. FSDP's
-    # zero-3 shard is the fp32 master itself (memory.py): no 16-bit weight there.
-    stage = np.arange(4)
-    grad_b, state_b = training.grad_buffer_bytes, training.optimizer_state_bytes_per_param
-    sharded = (np.where(stage >= 3, 0.0 if training.fsdp_copies is not None else cb, 0.0)
-               + np.where(stage >= 2, grad_b, 0.0) + np.where(stage >= 1, state_b, 0.0))
-    whole = (np.where(stage >= 3, 0.0, cb) + np.where(stage >= 2, 0.0, grad_b)
-             + np.where(stage >= 1, 0.0, state_b))
-    sh, wh = np.take(sharded, z), np.take(whole, z)
+    # the stage's parameters, ``sharded[z] / degree + whole[z]`` by ZeRO stage z.
+    sh, wh = np.take(ctx.zero_bytes[0], z), np.take(ctx.zero_bytes[1], z)
     mbs = col("mbs").astype(float)
     s_local = training.seq_len / cp.astype(float)
     per_logit = loss_bytes_per_logit(training)
     key = np.take(ctx.inv, idx)
-    a_dense, a_moe, a_work = (np.take(ctx.acts_by_kind[j], key) for j in range(3))
+    a_dense, a_moe, a_work = (np.take(ctx.acts[j], key) for j in range(3))
     if model.is_moe:
         layer_params = np.maximum(model.dense_layer_params,
                                   model.moe_layer_params / np.maximum(1, ep))

@@ -110,6 +110,16 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     opt_coef = optimizer_step_time(1.0, training, dev)
     fsdp_coef = np.array([fsdp_copy_bytes_per_param(training, z_) / dev.memory_Bps
                           for z_ in range(4)])
+    # Weights, gradients and optimizer state per parameter by ZeRO stage 0..3, the part
+    # sharded over the data-parallel degree and the part kept whole (memory._static_stage's
+    # ``shard`` rule; FSDP's zero-3 shard is the fp32 master itself: no 16-bit weight there).
+    stage = np.arange(4)
+    grad_b, state_b = training.grad_buffer_bytes, training.optimizer_state_bytes_per_param
+    zero_bytes = np.stack([
+        np.where(stage >= 3, 0.0 if training.fsdp_copies is not None else cb, 0.0)
+        + np.where(stage >= 2, grad_b, 0.0) + np.where(stage >= 1, state_b, 0.0),
+        np.where(stage >= 3, 0.0, cb) + np.where(stage >= 2, 0.0, grad_b)
+        + np.where(stage >= 1, 0.0, state_b)])
     capacity = float(gpu.memory_GiB)
 
     out_step = np.full(n, np.nan)
@@ -139,7 +149,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     edp = np.maximum(1, dp_ * cp_ * tp_ // (ep_ * etp_))
     ctx = Context(dev=dev, cb=cb, gather_bytes=float(training.param_gather_bytes(2)),
                   slow=slow, opt_coef=opt_coef,
-                  fsdp_coef=fsdp_coef, overlap=overlap,
+                  fsdp_coef=fsdp_coef, zero_bytes=zero_bytes, overlap=overlap,
                   interval=interval, capacity_bytes=capacity * GiB,
                   exact_interleaved=exact_interleaved, inv=inv, lc=np.zeros((0, 2, 9)),
                   acts=acts, head=np.zeros((0, 3)),
@@ -284,14 +294,15 @@ def _key_tables(space: PlanSpace, dev: Device, uniq: np.ndarray, rc: np.ndarray,
 def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray,
                       rc: np.ndarray, plan_of: Callable[..., ParallelPlan],
                       memo: dict[tuple, float]) -> np.ndarray:
-    """``memory.layer_activations`` of each key as (dense, moe, working) bytes, each part
+    """``memory.layer_activations`` of each key as rows (dense, moe, working) of bytes by key
+    (kind-major: the memory pass gathers each kind as one contiguous row), each part
     computed once per the plan fields it reads: the dense layer's not per ep/etp, the
     recompute working set (the layer without recompute) not per recompute kind, and none per
     micro-batch size: a layer's activation bytes are linear in the micro-batch (every term of
     ``memory.layer_activation_bytes`` is ``s b h`` times a per-token count that does not read
     it), so each is priced at one sequence and scaled. Values kept in ``memo`` by (shape, moe,
     recompute) for the other MoE run settings."""
-    out = np.zeros((len(uniq), 3))
+    out = np.zeros((3, len(uniq)))
     plans: dict[tuple[int, ...], ParallelPlan] = {}  # recompute passed apart
 
     def fill(col: int, cols: tuple[int, ...], moe: bool, rows: np.ndarray,
@@ -314,14 +325,14 @@ def _activation_table(model: ModelSpec, training: TrainingSpec, uniq: np.ndarray
                 value = memo[(*shape, moe, kind)] = layer_activation_bytes(
                     model, training, plans[shape], 1, moe=moe, recompute=kind)
             vals[i] = value
-        out[rows, col] = vals[uinv] * sub[:, 3]
+        out[col, rows] = vals[uinv] * sub[:, 3]
 
     every = np.ones(len(uniq), dtype=bool)
     fill(0, (0, 1, 2, 3, 4), False, every, None)
     if model.is_moe:
         fill(1, (0, 1, 2, 3, 4, 5, 6), True, every, None)
     else:
-        out[:, 1] = out[:, 0]
+        out[1] = out[0]
     working = np.isin(rc, WORKING_SET_RECOMPUTES)
     fill(2, (0, 1, 2, 3, 5, 6) if model.is_moe else (0, 1, 2, 3), model.is_moe, working, "none")
     return out
