@@ -55,6 +55,11 @@ CASES = (
     ("gpt3-2.7b", "dgx-a100-80gb", 2, 256, 2048, {"grad_accumulation": "fp32_add",
                                                    "grad_reduce_fp32": True,
                                                    "zero1_grad_all_reduce": True}),
+    # PyTorch pipelining's gradient chains under FSDP (dp_sync.pp_grad_chains) and FSDP2's
+    # eager fp32 accumulation between them
+    ("llama2-13b", "dgx-h100", 4, 128, 4096, {"pp_grad_sync": "cascade",
+                                              "grad_accumulation": "eager",
+                                              "grad_reduce_fp32": True}),
     # A power-capped GPU with eager kernels (the loss follows them)
     ("llama3-8b", str(Path(__file__).parent / "data" / "capped-h100.yaml"), 2, 64, 4096,
      {"kernels": "eager"}),
@@ -111,6 +116,29 @@ def test_evaluator_agrees_with_simulate_on_dp_sized_buckets(monkeypatch) -> None
             rep = simulate(model, cl, tr, space.plan(i), time_if_oom=True)
             assert ev.time["dp_comm"][i] == pytest.approx(rep.time_s["dp_comm"], rel=1e-6,
                                                           abs=1e-12)
+            assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("sync", ["after_schedule", "cascade"])
+def test_evaluator_prices_pipelined_gradient_chains_as_simulate(sync: str) -> None:
+    """Pipelined plans under sharded DP whose stages reduce their gradients after the last
+    backward (``TrainingSpec.pp_grad_sync``): the evaluator's DP time and step are
+    simulate's, on 1F1B and interleaved plans, ZeRO-1 and ZeRO-2, overlapped or not."""
+    model, cl = load_model("llama2-13b"), load_cluster("dgx-h100", nodes=4)
+    tr = TrainingSpec(global_batch_size=128, seq_len=4096, pp_grad_sync=sync)
+    for overlap in (True, False):
+        space = build_space(model, cl, tr, fix=parse_fix(f"overlap_grad_reduce={int(overlap)}"),
+                            options=SpaceOptions(max_micro_batch=2))
+        ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
+        rng = np.random.default_rng(11)
+        c = space.cols
+        rows = [i for i in rng.permutation(len(space)).tolist()
+                if c["pp"][i] > 1 and c["zero"][i] in (1, 2) and c["dp"][i] > 1
+                and not c["uneven"][i]][:20]
+        assert len(rows) == 20
+        for i in rows:
+            rep = simulate(model, cl, tr, space.plan(i), time_if_oom=True)
+            assert ev.time["dp_comm"][i] == pytest.approx(rep.time_s["dp_comm"], rel=1e-6)
             assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
 
 

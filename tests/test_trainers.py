@@ -397,6 +397,39 @@ def test_torchtitan_fsdp_under_pipelining_is_zero_1():
     assert flat.plan.zero_stage == 3
 
 
+def test_pipelined_fsdp_gradient_chains_by_hand():
+    """torch.distributed.pipelining under FSDP reduces each stage's gradients in one chain
+    after its last backward: after the schedule (1 chain, nothing hidden) since pytorch PR
+    #165106, before each stage's last gradient send (pp chains) in torch 2.6. By hand: the
+    steps differ by exactly the gradient reduce-scatters of the critical stage, and by
+    (pp - 1) of them between the two; pp = 1 and DDP keep the overlapped reduction."""
+    from paraplan.simulator.dp_sync import grad_sync_parts
+    from paraplan.specs.topology import Topology
+
+    model, cluster = load_model("llama2-13b"), load_cluster("dgx-h100", nodes=4)
+    plan = parse_plan("tp=2,pp=4,dp=4,zero=1,mbs=1,sp=1")
+    rep = {s: simulate(model, cluster, TRAIN.model_copy(update={"pp_grad_sync": s}), plan)
+           for s in ("overlapped", "after_schedule", "cascade")}
+    crit = max(range(4), key=lambda r: rep["cascade"].extra["stage_forward_s"][r]
+               + rep["cascade"].extra["stage_backward_s"][r])
+    layers = rep["cascade"].extra["layers_per_stage"]
+    from paraplan.simulator.memory import params_per_stage
+    dense, _ = params_per_stage(model, plan, layers, crit)
+    group = tuple(2 * i for i in range(4))  # tp fastest, then dp: the DP group of rank 0
+    grads, _ = grad_sync_parts(Topology(cluster), group, model, plan, TRAIN, dense)
+    assert grads > 1e-3  # 13B / 8 over NVLink (the DP group of rank 0 is in one node)
+    assert rep["cascade"].step_time_s - rep["after_schedule"].step_time_s == \
+        pytest.approx(3 * grads, rel=1e-9)
+    assert rep["after_schedule"].step_time_s > rep["overlapped"].step_time_s
+    for other in (parse_plan("tp=2,pp=1,dp=16,zero=1,mbs=1,sp=1"),
+                  parse_plan("tp=2,pp=4,dp=4,zero=0,mbs=1,sp=1")):
+        times = {simulate(model, cluster, TRAIN.model_copy(update={"pp_grad_sync": s}),
+                          other).step_time_s for s in ("overlapped", "cascade")}
+        assert len(times) == 1
+    # torchtitan's profile: after the schedule (the v0.2.2 era); its 2024-12 runs: cascade
+    assert load_trainer("torchtitan").runs.pp_grad_sync == "after_schedule"
+
+
 def test_eager_loss_holds_the_fp32_logits_and_their_gradient():
     # torchtitan before 2025-02 compiled the blocks but not the loss: 14 B per logit on the
     # last stage (bf16 logits, fp32 upcast, log-softmax, gradient) instead of 6.

@@ -18,6 +18,20 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
     return sum(grad_sync_parts(topo, group, model, plan, training, count))
 
 
+def pp_grad_chains(training: TrainingSpec, plan: ParallelPlan) -> int:
+    """Gradient reductions a pipelined step waits for in full, one after another (0: they
+    overlap the backward as usual). Sharded data parallelism (ZeRO >= 1) under PyTorch's
+    pipelining reduces each stage's gradients as one chain of per-layer-group
+    reduce-scatters after its last backward, each waiting on the compute stream for the one
+    before (FSDP2 ``FSDPParamGroup.post_backward``): ``after_schedule`` runs every stage's
+    chain at once after the schedule (1), ``cascade`` runs it before the stage sends its last
+    input gradient back, so the last backward's wave waits for each stage's in turn (pp;
+    ``TrainingSpec.pp_grad_sync``). DDP (ZeRO 0) keeps its hooks under the last backward."""
+    if plan.pp <= 1 or plan.zero_stage < 1 or training.pp_grad_sync == "overlapped":
+        return 0
+    return plan.pp if training.pp_grad_sync == "cascade" else 1
+
+
 def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
                     plan: ParallelPlan, training: TrainingSpec, count: float, *,
                     gather_bytes: float | None = None) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
-from paraplan.simulator.dp_sync import bucketed_grad_sync, grad_sync_parts
+from paraplan.simulator.dp_sync import bucketed_grad_sync, grad_sync_parts, pp_grad_chains
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.grads import optimizer_step_time
 from paraplan.simulator.layer import (
@@ -280,7 +280,13 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2):
         # m reduce-scatters, each hidden only behind its own backward, then one parameter
         # all-gather. (FSDP's ZeRO-2 is priced per layer above.)
-        if plan.zero_stage == 2 and m > 1:
+        chains = pp_grad_chains(training, plan)
+        if chains:
+            # A pipelined stage under FSDP reduces its gradients as one chain after its last
+            # backward (``TrainingSpec.pp_grad_sync``): nothing hides it, and with
+            # ``cascade`` every stage's chain sits on the last backward's path.
+            out = chains * grads + exposed(params)
+        elif plan.zero_stage == 2 and m > 1:
             out = (m - 1) * exposed(grads) + exposed(grads + params)
         else:
             out = exposed(grads + params)

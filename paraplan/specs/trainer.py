@@ -140,8 +140,7 @@ class TrainerRuns(StrictModel):
     fp8_scaling: Literal["delayed", "current", "block"] = "delayed"
     """How its fp8 recipe scales tensors (``TrainingSpec.fp8_scaling``)."""
     fp8_cast_kernels: int = Field(default=0, ge=0, le=16)
-    """Kernels its current-scaled fp8 casts launch beside the cast
-    (``TrainingSpec.fp8_cast_kernels``)."""
+    """Kernels its fp8 casts launch beside the cast (``TrainingSpec.fp8_cast_kernels``)."""
     compile: bool = False
     """torch.compile of the model blocks (recorded; ``kernels`` carries its effect)."""
     fp8_compiles: bool = False
@@ -155,11 +154,12 @@ class TrainerRuns(StrictModel):
     """Its ring attention's merges (``TrainingSpec.cp_merge``)."""
     cp_kv_exchange: Literal["ring", "allgather"] = "ring"
     """How its ring attention exchanges K/V blocks (``TrainingSpec.cp_kv_exchange``)."""
+    pp_grad_sync: Literal["overlapped", "after_schedule", "cascade"] = "overlapped"
+    """When its pipelined stages reduce their gradients (``TrainingSpec.pp_grad_sync``)."""
     loss_kernels: Literal["fused", "eager", "one_kernel"] | None = None
     """Its cross-entropy kernels (``TrainingSpec.loss_kernels``); None: as ``kernels``."""
     logit_metric_passes: int = Field(default=0, ge=0, le=16)
-    """Training metrics it evaluates on every micro-batch's logits
-    (``TrainingSpec.logit_metric_passes``)."""
+    """Metrics it runs on each micro-batch's logits (``TrainingSpec.logit_metric_passes``)."""
     zero2_regather: bool = False
     """ZeRO-2 re-gathers parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
     zero1_grad_all_reduce: bool | Literal["bf16"] = False
@@ -357,6 +357,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "flash_attention_version": runs.flash_attention_version,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
+             "pp_grad_sync": runs.pp_grad_sync,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap, "moe_host_sync_s": runs.moe_host_sync_s,

@@ -131,6 +131,18 @@ class TrainingSpec(StrictModel):
     all-gather of every block, waited on after the first step, so only 1/cp of the attention
     hides it: PyTorch's ``_AllGatherRotater``, torchtitan's default
     ``context_parallel_rotate_method = "allgather"``)."""
+    pp_grad_sync: Literal["overlapped", "after_schedule", "cascade"] = "overlapped"
+    """When a pipelined stage with sharded data parallelism (ZeRO >= 1, pp > 1) reduces its
+    gradients: ``overlapped`` (bucket by bucket under the last backward, as Megatron-Core's
+    ``overlap_grad_reduce``), ``after_schedule`` (PyTorch ``torch.distributed.pipelining``
+    with FSDP2 since pytorch/pytorch PR #165106, 2025-10: ``PipelineStage._post_backward``
+    reduce-scatters every layer group after the whole schedule, one group after another on
+    the compute stream, so one stage's full chain follows the span) or ``cascade`` (the same
+    library before that PR, torch 2.6 ``stage.py`` ``backward_maybe_with_nosync``: the chain
+    runs right after each stage's last backward and before that backward's gradient is sent
+    to the stage before it, so the last backward's wave waits for every stage's chain:
+    pp chains on the critical path; the PR: "The reduce scatter compute stream sync blocks
+    the other stages from executing their backwards leading to bubbles")."""
     moe_dispatcher: Literal["alltoall", "hierarchical"] = "alltoall"
     """How MoE tokens travel to their experts' ranks: ``alltoall`` (NCCL all-to-all of every
     routed copy; Megatron ``--moe-token-dispatcher-type alltoall``) or ``hierarchical``

@@ -66,6 +66,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TORCHTITAN_LOSS_COMPILED_FROM,
+    TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM,
     llama3_paper_layout,
     mpt_flash_attention_version,
     recipe_chunks,
@@ -401,6 +402,10 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                 explicit["loss_kernels"] = "eager"
                 s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
                                "before 2025-02")
+        when = row_year_month(cell(row, "source_location") + " " + notes)
+        if (s.framework == "torchtitan" and when
+                and when < TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM):
+            explicit["pp_grad_sync"] = "cascade"  # matters only where pp > 1
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))
         if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:

@@ -143,6 +143,11 @@ OMNI_PATH_100G = {
 # loss with ``training.compile``; before it ``apply_compile`` compiled each TransformerBlock
 # and the cross entropy ran eager (parallelize_llama.py at e846b69, 2024-12).
 TORCHTITAN_LOSS_COMPILED_FROM = (2025, 2)
+# pytorch/pytorch PR #165106 (2025-10-09) moved FSDP's reduce-scatters under
+# torch.distributed.pipelining to the end of the step; before it (torch 2.6 stage.py
+# ``backward_maybe_with_nosync``) each stage ran them after its last backward, ahead of that
+# backward's gradient send (``TrainingSpec.pp_grad_sync`` ``cascade``).
+TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM = (2025, 10)
 ROW_DATE = re.compile(r"(20[12]\d)[-_]?(0[1-9]|1[0-2])")
 
 

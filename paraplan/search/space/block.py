@@ -274,6 +274,9 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         # ZeRO-2 with m > 1: a reduce-scatter every micro-batch (simulator.step).
         z2m = (z == 2) & (m > 1)
         dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
+        if p > 1 and training.pp_grad_sync != "overlapped":  # dp_sync.pp_grad_chains
+            chains = p if training.pp_grad_sync == "cascade" else 1
+            dpt = np.where(z >= 1, chains * g_part + exposed(p_part), dpt)
         dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
         zero3 = np.where(need & z3, z3_exp, 0.0)
         opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
