@@ -473,7 +473,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                 # The llama3 train configs set selective_ac_option = "op".
                 s.plan = s.plan.model_copy(update={"recompute": "op"})
                 s.notes.append("torchtitan selective = op-level SAC (selective_ac_option='op')")
-        if s.plan.tp > 1 and "asynctp" in notes:
+        # "AsyncTP" (the 2024-12 tables), "tp_mode=async TP" (the 2025-06 asyncTP table)
+        if s.plan.tp > 1 and re.search(r"async\s*tp", notes):
             s.plan = s.plan.model_copy(update={"tp_comm_overlap": True})
         s.plan = s.plan.model_copy(update={"overlap_grad_reduce": s.overlap})
         training = make_spec(TrainingSpec, "training", global_batch_size=s.gbs, seq_len=seq,
