@@ -17,6 +17,7 @@ from paraplan.search.space.evaluate import _plan_maker, _run_free
 from paraplan.search.space.moe_keys import moe_parts
 from paraplan.simulator.compute import Device
 from paraplan.simulator.layer import layer_parts
+from paraplan.simulator.layer_compose import PARTS
 from paraplan.simulator.layer_terms import compose_times, layer_times, routed_terms, shared_terms
 from paraplan.simulator.moe import expert_shape
 from paraplan.specs.loaders import load_trainer
@@ -36,7 +37,8 @@ RUNS = (
 def _row(pt) -> list[float]:
     lt = pt.times
     return [lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-            lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
+            lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s,
+            pt.tp_s if pt.tp_bwd_s is None else pt.tp_bwd_s, pt.cp_s, pt.ep_s, pt.cp_bwd_s,
             pt.ep_overlap_slowdown or 0.0, pt.host_stall_s]
 
 
@@ -103,4 +105,4 @@ def test_a_moe_space_where_nothing_fits_prices_no_keys() -> None:
     assert np.isnan(ev.step_time_s).all()
     assert moe_parts(space, Device.of_training(cl.gpu, space.training),
                      np.zeros((0, 7), dtype=np.int64), _plan_maker(space),
-                     _run_free(space)).shape == (0, 12)
+                     _run_free(space)).shape == (0, PARTS)

@@ -430,6 +430,48 @@ def test_pipelined_fsdp_gradient_chains_by_hand():
     assert load_trainer("torchtitan").runs.pp_grad_sync == "after_schedule"
 
 
+def test_async_tp_leaves_the_input_gradient_reduce_scatters_exposed():
+    """PyTorch's async TP fuses each all-gather into the matmul reading it and each
+    reduce-scatter into the one matmul writing it; a backward's input gradient is a sum of
+    data gradients, so its reduce-scatter runs whole. By hand on one layer: the forward
+    hides both collectives under a quarter of the GEMMs each, the backward only the
+    all-gather; Transformer Engine's userbuffers hide both ways; the evaluator agrees."""
+    from paraplan.search.space import SpaceOptions, evaluate_space, parse_fix
+    from paraplan.simulator import collectives as coll
+    from paraplan.simulator.compute import Device
+    from paraplan.simulator.layer import layer_parts
+
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", nodes=2)
+    plan = parse_plan("tp=8,sp=1,mbs=2,tp_comm_overlap=1")
+    topo = cluster.topology
+    act = 2 * 4096 * model.hidden_size * 2
+    gather = coll.group_collective(topo, tuple(range(8)), "all_gather", act)
+    scatter = coll.group_collective(topo, tuple(range(8)), "reduce_scatter", act)
+    asy = TRAIN.model_copy(update={"tp_overlap": "async_tp"})
+    dev = Device.of_training(cluster.gpu, asy)
+    parts = layer_parts(model, topo, asy, plan, dev, moe=False)
+    cover = 0.25 * parts.times.gemm_fwd_s
+    assert parts.tp_s == pytest.approx(coll.overlapped(gather + scatter, cover,
+                                                       dev.nccl_slowdown))
+    assert parts.tp_bwd_s == pytest.approx(coll.overlapped(gather, cover, dev.nccl_slowdown)
+                                           + scatter)
+    assert parts.tp_bwd_s > parts.tp_s  # (where the all-gather alone fits under the cover)
+    ub = TRAIN.model_copy(update={"tp_overlap": "userbuffers"})
+    ub_parts = layer_parts(model, topo, ub, plan, Device.of_training(cluster.gpu, ub),
+                           moe=False)
+    assert ub_parts.tp_bwd_s == pytest.approx(ub_parts.tp_s)
+    space = build_space(model, cluster, asy, fix=parse_fix("tp_comm_overlap=1,sp=1"),
+                        options=SpaceOptions(max_micro_batch=2))
+    ev = evaluate_space(space, times_for_oom=True)
+    rows = [i for i in np.random.default_rng(5).permutation(len(space)).tolist()
+            if space.cols["tp"][i] > 1 and not space.cols["uneven"][i]][:15]
+    assert len(rows) == 15
+    for i in rows:
+        rep = simulate(model, cluster, asy, space.plan(i), time_if_oom=True)
+        assert ev.time["tp_comm"][i] == pytest.approx(rep.time_s["tp_comm"], rel=1e-6)
+        assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
+
+
 def test_eager_loss_holds_the_fp32_logits_and_their_gradient():
     # torchtitan before 2025-02 compiled the blocks but not the loss: 14 B per logit on the
     # last stage (bf16 logits, fp32 upcast, log-softmax, gradient) instead of 6.
@@ -686,8 +728,8 @@ def test_pytorch_all_gather_rotater_hides_under_one_attention_step():
     gather = ring.model_copy(update={"cp_kv_exchange": "allgather"})
     plan = parse_plan("tp=8,cp=4,sp=1,mbs=1")
     topo, dev = cluster.topology, Device.of_training(cluster.gpu, ring)
-    lt, _, ring_c, ring_b = layer_compute_parts(model, topo, ring, plan, dev, moe=False)
-    _, _, ag_c, ag_b = layer_compute_parts(model, topo, gather, plan, dev, moe=False)
+    lt, _, _, ring_c, ring_b = layer_compute_parts(model, topo, ring, plan, dev, moe=False)
+    _, _, _, ag_c, ag_b = layer_compute_parts(model, topo, gather, plan, dev, moe=False)
     att = model.attention
     kv = 1 * 8192 / 4 * (att.k_width + att.v_width) * 2 / 8
     all_gather = coll.group_collective(topo, (0, 8, 16, 24), "all_gather", 4 * kv)

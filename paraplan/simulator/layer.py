@@ -67,13 +67,14 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     the first groups in rank order, tp fastest), on the GPUs ``plan.placement`` maps those ranks
     to (rank r on GPU r if None).
     """
-    lt, tp_c, cp_c, cp_b = layer_compute_parts(model, topo, training, plan, device, moe=moe,
-                                               base_rank=base_rank)
+    lt, tp_c, tp_b, cp_c, cp_b = layer_compute_parts(model, topo, training, plan, device,
+                                                     moe=moe, base_rank=base_rank)
     if moe:  # the dispatcher's sort by local expert (it reads the dispatcher)
         lt = with_dispatch_sort(lt, dispatch_sort_time(model, training, plan, device))
     ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
                                    base_rank=base_rank)
-    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap, host_stall(device, plan, moe=moe))
+    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap, host_stall(device, plan, moe=moe),
+                      tp_b)
 
 
 def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:
@@ -87,8 +88,8 @@ def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:
 def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
                         plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0,
                         attention: tuple[float, float, float] | None = None
-                        ) -> tuple[LayerTimes, float, float, float]:
-    """``layer_parts``' compute times and exposed TP and CP traffic (forward, backward):
+                        ) -> tuple[LayerTimes, float, float, float, float]:
+    """``layer_parts``' compute times and exposed TP and CP traffic (forward, backward each):
     everything but the expert all-to-alls, so nothing here reads the MoE dispatcher or its
     overlap (``training.moe_dispatcher``, ``moe_a2a_overlap``). ``attention``: the plan's
     ``compute.attention_times`` when the caller has it. ``compose_parts`` of the layer's
@@ -115,16 +116,24 @@ class SharedParts:
     """Share of the covered collective's time the GEMMs lose to its SMs."""
     cp_s: Any
     cp_bwd_s: Any
+    tp_bwd_exposed_s: Any = 0.0
+    """Of ``tp_s``, what a backward pass cannot hide under the overlap: PyTorch's async TP
+    fuses no reduce-scatter of an input gradient (``shared_parts``); 0 otherwise."""
 
 
 def compose_parts(shared: SharedParts, routed: RoutedTerms
-                  ) -> tuple[LayerTimes, Any, Any, Any]:
-    """``layer_compute_parts`` from its two parts (numbers or numpy arrays)."""
+                  ) -> tuple[LayerTimes, Any, Any, Any, Any]:
+    """``layer_compute_parts`` from its two parts (numbers or numpy arrays): the layer's
+    times, the exposed TP traffic of a forward and of a backward pass, the exposed CP
+    traffic of a forward and of a backward."""
     lt = compose_times(shared.terms, routed)
     lt = replace(lt, forward_s=lt.forward_s + shared.split_fwd_s,
                  backward_s=lt.backward_s + shared.split_bwd_s)
-    tp_c = coll.overlapped(shared.tp_s, lt.gemm_fwd_s * shared.tp_cover, shared.tp_cover_sms)
-    return lt, tp_c, shared.cp_s, shared.cp_bwd_s
+    cover = lt.gemm_fwd_s * shared.tp_cover
+    tp_c = coll.overlapped(shared.tp_s, cover, shared.tp_cover_sms)
+    tp_b = coll.overlapped(shared.tp_s - shared.tp_bwd_exposed_s, cover,
+                           shared.tp_cover_sms) + shared.tp_bwd_exposed_s
+    return lt, tp_c, tp_b, shared.cp_s, shared.cp_bwd_s
 
 
 def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
@@ -141,12 +150,13 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
     terms = shared_terms(model, training, plan, device, moe=moe, attention=attention)
     split_fwd, split_bwd = tp_overlap_split_time(model, training, plan, device, moe=moe)
-    tp_c = cover = sms = 0.0
+    tp_c = cover = sms = bwd_exposed = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))
+        scatter = 0.0
         if plan.sequence_parallel:
-            tp_c = (coll.group_collective(topo, tp_group, "all_gather", act_bytes)
-                    + coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes))
+            scatter = coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes)
+            tp_c = coll.group_collective(topo, tp_group, "all_gather", act_bytes) + scatter
         else:
             tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
         if plan.tp_comm_overlap:
@@ -154,7 +164,18 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
             # routed experts included: ``compose_parts``); the SMs it holds:
             # ``tp_overlap_split_time`` (userbuffers), NCCL's (async TP).
             cover = 0.25
-            sms = device.nccl_slowdown if training.tp_overlap == "async_tp" else 0.0
+            if training.tp_overlap == "async_tp":
+                sms = device.nccl_slowdown
+                # Inductor's micro_pipeline_tp fuses an all-gather into the matmul reading it
+                # and a reduce-scatter into the one matmul writing it; a backward's input
+                # gradient is the sum of the q/k/v (or gate/up) data gradients before it is
+                # reduce-scattered, so that reduce-scatter stays whole (pytorch PR #149946
+                # review, 2025-03-28: "there were only valid scaled_mm-reduce-scatter patterns
+                # in the forward graph, but not in the backward graph ... the reduce-scatters
+                # are receiving as input the addition of various scaled_mms"). PyTorch's own
+                # figures agree: up to 20-29% faster forwards but ~8% end to end (dev-discuss
+                # "Introducing Async Tensor Parallelism in PyTorch", Llama3 8B and 70B).
+                bwd_exposed = scatter
     cp_c = cp_b = 0.0
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
@@ -186,7 +207,7 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
             first = terms.attention_fwd_s / cp
             cp_c = coll.overlapped(gather, first, device.nccl_slowdown)
             cp_b = cp_c + dkv * ring_c
-    return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b)
+    return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b, bwd_exposed)
 
 
 def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,

@@ -69,9 +69,12 @@ class LayerParts:
     host_stall_s: float = 0.0
     """GPU idle in one forward while the host issues the kernels after the MoE layer's
     device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
+    tp_bwd_s: float | None = None
+    """One exposed TP all-reduce (or all-gather + reduce-scatter) of a backward pass, where
+    it differs from ``tp_s`` (PyTorch's async TP: ``layer.SharedParts.tp_bwd_exposed_s``)."""
 
 
-PARTS = 12
+PARTS = 13
 """How many ``part_columns`` a layer's parts make."""
 
 
@@ -83,7 +86,8 @@ def part_columns(parts: LayerParts) -> tuple[Any, ...]:
     lt = parts.times
     slowdown = 0.0 if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
     return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.cp_s, parts.ep_s,
+            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s,
+            parts.tp_s if parts.tp_bwd_s is None else parts.tp_bwd_s, parts.cp_s, parts.ep_s,
             parts.cp_bwd_s, slowdown, parts.host_stall_s)
 
 
@@ -94,7 +98,8 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
 
 
 def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: Any,
-                    expert_s: Any, tp_s: Any, cp_s: Any, ep_s: Any, cp_bwd_s: Any,
+                    expert_s: Any, tp_s: Any, tp_bwd_s: Any, cp_s: Any, ep_s: Any,
+                    cp_bwd_s: Any,
                     slowdown: Any, stall_s: Any, recompute: Any) -> tuple[Any, ...]:
     """``compose_layer_cost`` on numbers or numpy arrays alike (the vectorized search composes
     every plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` 0 where the
@@ -110,7 +115,7 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     extra = full * fwd_s + (recompute == "selective") * attn_s \
         + (recompute == "op") * (0.5 * gemm_s + elem_s)
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
-    tp_f, tp_b = 2 * tp_s, 2 * tp_s + full * 2 * tp_s
+    tp_f, tp_b = 2 * tp_s, 2 * tp_bwd_s + full * 2 * tp_s
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
     # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
     over = (slowdown > 0) * (full == 0)
