@@ -429,3 +429,26 @@ def test_the_ilp_answer_is_no_slower_than_its_adjacent_stage_swaps():
     # The candidate's ILP stage times describe the split it returns, not the ILP's order.
     result = ilp_search(m, c, tr, fix={"schedule": "1f1b", "virtual_stages": 1})
     assert check_candidates_against_simulate(result) >= 1
+
+
+@pytest.mark.parametrize("sync", ["overlapped", "after_schedule", "cascade"])
+def test_union_dp_time_with_one_type_is_what_simulate_charges(sync):
+    """The data formulation's DP rule on one type's own data-parallel ranks is simulate's,
+    including pipelined stages whose FSDP gradient chains wait in full
+    (``TrainingSpec.pp_grad_sync``)."""
+    from paraplan.search.ilp.context import Ctx, _GpuType
+    from paraplan.search.ilp.data_ilp import _union_dp_time
+    from paraplan.search.ilp.results import DataGroup
+
+    cluster = load_cluster("dgx-h100", nodes=2)
+    model = load_model("llama2-7b")
+    training = TrainingSpec(global_batch_size=32, seq_len=2048, pp_grad_sync=sync)
+    plan = ParallelPlan(tp=2, pp=2, dp=4, zero_stage=1, micro_batch_size=1)
+    rep = simulate(model, cluster, training, plan)
+    gpu = cluster.gpu
+    ctx = Ctx(model=model, cluster=cluster, training=training, constants={},
+              types={gpu.name: _GpuType(gpu.name, gpu, 16, 8, 0)})
+    group = DataGroup(gpu.name, 4, [8] * 4, 32, rep, plan, cluster)
+    union = tuple(2 * i for i in range(4))  # stage 0's data-parallel ranks (tp fastest)
+    assert _union_dp_time(ctx, group, cluster, union) == pytest.approx(
+        rep.time_s["dp_comm"], rel=1e-9)

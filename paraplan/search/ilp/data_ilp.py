@@ -19,6 +19,7 @@ from paraplan.search.ilp.clusters import assemble, take_gpus
 from paraplan.search.ilp.context import Choice, Ctx
 from paraplan.search.ilp.results import DataGroup, IlpCandidate, SolveRecord
 from paraplan.simulator.compute import Device
+from paraplan.simulator.dp_sync import grad_sync_parts, pp_grad_chains
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import dp_bucket_elements, params_per_stage
 from paraplan.simulator.step import StepReport, bucketed_grad_sync, even_split, simulate
@@ -63,15 +64,22 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
     buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(plan.dp or len(union),
                                                                   ctx.training.ddp_bucket_size)))
+    dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)
+
+    def exposed(sync: float) -> float:
+        if not plan.overlap_grad_reduce:
+            return sync
+        window = float(rep.extra["stage_backward_s"][0])
+        return max(sync - window, sync / buckets) + min(sync, window) * dev.nccl_slowdown
+
+    chains = pp_grad_chains(ctx.training, plan)
+    if chains:  # pipelined stages under FSDP: their gradient chains wait in full
+        grads, params = grad_sync_parts(cluster.topology, union, ctx.model, plan, ctx.training,
+                                        dense + experts)
+        return (chains * grads + exposed(params)) / plan.dp_sync_interval
     sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
                               dense + experts)
-    dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)
-    if plan.overlap_grad_reduce:
-        window = float(rep.extra["stage_backward_s"][0])
-        exposed = max(sync - window, sync / buckets) + min(sync, window) * dev.nccl_slowdown
-    else:
-        exposed = sync
-    return exposed / plan.dp_sync_interval
+    return exposed(sync) / plan.dp_sync_interval
 
 
 def _compose(ctx: Ctx, ch: Choice, groups: list[DataGroup], cluster: ClusterSpec,
