@@ -678,9 +678,10 @@ def test_layer_checkpointing_is_half_full_recompute():
 def test_current_fp8_scaling_rereads_the_input():
     """Per-tensor current scaling needs the tensor's amax before its cast, so the cast re-reads
     the 16-bit input: 2 B per element on top of the fused cast's 2 B written (row- and
-    column-wise fp8); delayed and block scaling keep the cast in the producer. torchtitan's
-    float8 is dynamic (current), Megatron-Core's default recipe delayed; NVIDIA's rows name
-    theirs."""
+    column-wise fp8); delayed scaling keeps the cast in the producer; block scaling (MXFP8)
+    quantizes in a kernel of its own that reads the 16-bit input and writes both copies with
+    a scale per 32 elements each (2 + 2 + 2/32 B). torchtitan's float8 is dynamic (current),
+    Megatron-Core's default recipe delayed; NVIDIA's rows name theirs."""
     from paraplan.specs import load_gpu
     from paraplan.specs.loaders import load_trainer
     from paraplan.specs.trainer import trainer_training
@@ -690,7 +691,8 @@ def test_current_fp8_scaling_rereads_the_input():
     delayed = Device.of(h100, "fp8")
     current = Device.of(h100, "fp8", scaling="current")
     block = Device.of(h100, "fp8", scaling="block")
-    assert (delayed.fp8_cast_bytes, current.fp8_cast_bytes, block.fp8_cast_bytes) == (2, 4, 2)
+    assert (delayed.fp8_cast_bytes, current.fp8_cast_bytes, block.fp8_cast_bytes) == \
+        (2, 4, 4.0625)
     assert Device.of(h100, "bf16", scaling="current").fp8_cast_bytes == 0
     m, n, k = 8192, 4096, 4096
     assert gemm_time(current, m, n, k) - gemm_time(delayed, m, n, k) == pytest.approx(

@@ -49,6 +49,17 @@ FP8_FUSED_CAST_BYTES = 2.0
 # the reduction (TE Float8CurrentScalingQuantizer: amax "computed directly by scanning the
 # input high-precision tensor"; torchtitan float8.md: "the overhead of dynamic quantization").
 FP8_CURRENT_SCALING_REREAD_BYTES = 2.0
+# Block scaling (MXFP8's 1x32 E8M0 blocks, Megatron ``--fp8-recipe mxfp8``; DeepSeek-style
+# 1x128 blocks, ``blockwise``) quantizes in a kernel of its own, outside the producing op:
+# Transformer Engine's ``mxfp8::quantize`` (common/cast/mxfp8/quantize_mxfp8.cuh,
+# BIDIMENSIONAL, TE d0067d0) reads the 16-bit tensor once (2 B) and writes the row- and
+# column-wise fp8 copies with a scale per 32 elements each (2/32 B); it fuses into the norm
+# only through cuDNN's norm, which Megatron-Bridge's MXFP8 recipes leave off
+# (NVTE_NORM_FWD_USE_CUDNN is set in its FP8 current-scaling Llama recipes only). NVIDIA's own
+# same-layout pairs run MXFP8 7.5-11.8% slower than FP8 current scaling (Megatron-Bridge
+# docs/performance-summary: Llama 3.1 405B on 256 GB300, 1024 vs 949 tokens/s/GPU; Llama 3 70B
+# SFT on 32 GB200 / GB300), more than these bytes explain.
+FP8_BLOCK_QUANTIZE_EXTRA_BYTES = 2.0 + 2.0 / 32
 KERNELS_PER_LAYER_FWD = 12  # norms, QKV, rope, attention, proj, adds, MLP matmuls, activation
 
 
@@ -116,7 +127,8 @@ class Device:
         bwd = peak16 * clock * (gpu.attention_efficiency_bwd
                                 or gpu.matmul_efficiency * FLASH_BWD_RELATIVE)
         cast = (5.0 if kernels == "eager" else FP8_FUSED_CAST_BYTES
-                + FP8_CURRENT_SCALING_REREAD_BYTES * (scaling == "current")) if fp8 else 0.0
+                + FP8_CURRENT_SCALING_REREAD_BYTES * (scaling == "current")
+                + FP8_BLOCK_QUANTIZE_EXTRA_BYTES * (scaling == "block")) if fp8 else 0.0
         # fp8 GEMMs read a measured fp8 table where the profile has one; else the 16-bit
         # table scaled by the large-GEMM fp8 / 16-bit efficiency ratio.
         table, scale = gpu.gemm_table, eff / gpu.matmul_efficiency * clock
