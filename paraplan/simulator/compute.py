@@ -92,7 +92,8 @@ class Device:
     fp8_input_read_bytes: float = 0.0
     """Bytes per input element a fused stack's fp8 cast reads when it cannot live in the
     producing kernel (``gemm_time``'s ``own_cast``): the 16-bit read, 2 B; 0 when not
-    training in fp8 and for eager casts (their 5 B already read the input)."""
+    training in fp8, for eager casts (their 5 B already read the input) and for block
+    scaling (its quantize kernel's read is in ``FP8_BLOCK_QUANTIZE_EXTRA_BYTES``)."""
     fp8_cast_launches: int = 0
     """Kernels each current-scaled fp8 cast launches beside the cast itself
     (``TrainingSpec.fp8_cast_kernels``), each at least ``KERNEL_OVERHEAD_S``."""
@@ -147,7 +148,8 @@ class Device:
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,
-                   fp8_input_read_bytes=2.0 if fp8 and kernels != "eager" else 0.0,
+                   fp8_input_read_bytes=2.0 if fp8 and kernels != "eager"
+                   and scaling != "block" else 0.0,
                    fp8_cast_launches=cast_kernels if fp8 and scaling == "current" else 0,
                    nccl_sms=gpu.nccl_channels or NCCL_SMS)
 

@@ -20,14 +20,16 @@ def bucketed_grad_sync(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 
 def pp_grad_chains(training: TrainingSpec, plan: ParallelPlan) -> int:
     """Gradient reductions a pipelined step waits for in full, one after another (0: they
-    overlap the backward as usual). Sharded data parallelism (ZeRO >= 1) under PyTorch's
+    overlap the backward as usual). Sharded data parallelism (ZeRO-1/2; ZeRO-3's per-layer
+    gathers and reduce-scatters are priced apart, ``step.simulate``) under PyTorch's
     pipelining reduces each stage's gradients as one chain of per-layer-group
     reduce-scatters after its last backward, each waiting on the compute stream for the one
     before (FSDP2 ``FSDPParamGroup.post_backward``): ``after_schedule`` runs every stage's
     chain at once after the schedule (1), ``cascade`` runs it before the stage sends its last
     input gradient back, so the last backward's wave waits for each stage's in turn (pp;
     ``TrainingSpec.pp_grad_sync``). DDP (ZeRO 0) keeps its hooks under the last backward."""
-    if plan.pp <= 1 or plan.zero_stage < 1 or training.pp_grad_sync == "overlapped":
+    if plan.pp <= 1 or plan.zero_stage < 1 or training.pp_grad_sync == "overlapped" \
+            or plan.zero_stage == 3 or (plan.zero_stage == 2 and training.zero2_regather):
         return 0
     return plan.pp if training.pp_grad_sync == "cascade" else 1
 

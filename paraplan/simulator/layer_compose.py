@@ -55,7 +55,8 @@ class LayerParts:
 
     times: LayerTimes
     tp_s: float
-    """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h."""
+    """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h in a forward pass
+    (and in a re-run forward under recompute)."""
     cp_s: float
     """Exposed ring-attention KV passing of one forward."""
     ep_s: float

@@ -276,16 +276,16 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 out += min(sync, window) * device.nccl_slowdown
             return out
 
-        # ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
-        # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2):
-        # m reduce-scatters, each hidden only behind its own backward, then one parameter
-        # all-gather. (FSDP's ZeRO-2 is priced per layer above.)
         chains = pp_grad_chains(training, plan)
         if chains:
             # A pipelined stage under FSDP reduces its gradients as one chain after its last
             # backward (``TrainingSpec.pp_grad_sync``): nothing hides it, and with
             # ``cascade`` every stage's chain sits on the last backward's path.
             out = chains * grads + exposed(params)
+        # ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
+        # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2):
+        # m reduce-scatters, each hidden only behind its own backward, then one parameter
+        # all-gather. (FSDP's ZeRO-2 is priced per layer above.)
         elif plan.zero_stage == 2 and m > 1:
             out = (m - 1) * exposed(grads) + exposed(grads + params)
         else:

@@ -132,7 +132,7 @@ class TrainingSpec(StrictModel):
     hides it: PyTorch's ``_AllGatherRotater``, torchtitan's default
     ``context_parallel_rotate_method = "allgather"``)."""
     pp_grad_sync: Literal["overlapped", "after_schedule", "cascade"] = "overlapped"
-    """When a pipelined stage with sharded data parallelism (ZeRO >= 1, pp > 1) reduces its
+    """When a pipelined stage with sharded data parallelism (ZeRO-1/2, pp > 1) reduces its
     gradients: ``overlapped`` (bucket by bucket under the last backward, as Megatron-Core's
     ``overlap_grad_reduce``), ``after_schedule`` (PyTorch ``torch.distributed.pipelining``
     with FSDP2 since pytorch/pytorch PR #165106, 2025-10: ``PipelineStage._post_backward``

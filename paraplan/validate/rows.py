@@ -395,14 +395,13 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         trainer = _trainer(s.framework)
         s.overlap = s.overlap if s.overlap is not None else trainer.runs.overlap_grad_reduce
         explicit: dict[str, Any] = {}
+        when = row_year_month(cell(row, "source_location") + " " + notes)
         if "compile" in notes:
             explicit["kernels"] = "fused"
-            when = row_year_month(cell(row, "source_location") + " " + notes)
             if s.framework == "torchtitan" and when and when < TORCHTITAN_LOSS_COMPILED_FROM:
                 explicit["loss_kernels"] = "eager"
                 s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
                                "before 2025-02")
-        when = row_year_month(cell(row, "source_location") + " " + notes)
         if (s.framework == "torchtitan" and when
                 and when < TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM):
             explicit["pp_grad_sync"] = "cascade"  # matters only where pp > 1

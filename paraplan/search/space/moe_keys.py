@@ -51,9 +51,9 @@ from paraplan.specs.plan import ParallelPlan
 def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
               plan_of: Callable[..., ParallelPlan], run_free: tuple[str, str]) -> np.ndarray:
     """``[key, layer_compose.part_columns]`` (forward, backward, forward GEMMs, attention,
-    elementwise, experts, TP, CP, EP, CP backward, overlap share, host stall) of an MoE layer
-    for each row of ``keys`` (tp, cp, sp, mbs, zs, ep, etp), as ``layer.layer_parts`` gives
-    it. Shared and routed parts are kept in ``space.memo`` (they
+    elementwise, experts, TP, TP backward, CP, EP, CP backward, overlap share, host stall) of
+    an MoE layer for each row of ``keys`` (tp, cp, sp, mbs, zs, ep, etp), as
+    ``layer.layer_parts`` gives it. Shared and routed parts are kept in ``space.memo`` (they
     read neither the MoE dispatcher nor its overlap), the all-to-alls by dispatcher."""
     model, training, topo, memo = space.model, space.training, space.cluster.topology, space.memo
     if not len(keys):  # no plan of the space fits: nothing to price
