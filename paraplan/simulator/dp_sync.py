@@ -28,10 +28,18 @@ def pp_grad_chains(training: TrainingSpec, plan: ParallelPlan) -> int:
     chain at once after the schedule (1), ``cascade`` runs it before the stage sends its last
     input gradient back, so the last backward's wave waits for each stage's in turn (pp;
     ``TrainingSpec.pp_grad_sync``). DDP (ZeRO 0) keeps its hooks under the last backward."""
-    if plan.pp <= 1 or plan.zero_stage < 1 or training.pp_grad_sync == "overlapped" \
-            or plan.zero_stage == 3 or (plan.zero_stage == 2 and training.zero2_regather):
+    if plan.zero_stage < 1 or plan.zero_stage == 3 \
+            or (plan.zero_stage == 2 and training.zero2_regather):
         return 0
-    return plan.pp if training.pp_grad_sync == "cascade" else 1
+    return chains_per_step(training, plan.pp)
+
+
+def chains_per_step(training: TrainingSpec, pp: int) -> int:
+    """``pp_grad_chains`` of a plan with ``pp`` stages whose ZeRO stage has the chains (the
+    search evaluator masks the ZeRO stages per plan itself)."""
+    if pp <= 1 or training.pp_grad_sync == "overlapped":
+        return 0
+    return pp if training.pp_grad_sync == "cascade" else 1
 
 
 def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,

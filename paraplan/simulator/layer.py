@@ -73,8 +73,8 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         lt = with_dispatch_sort(lt, dispatch_sort_time(model, training, plan, device))
     ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
                                    base_rank=base_rank)
-    return LayerParts(lt, tp_c, cp_c, ep_c, cp_b, overlap, host_stall(device, plan, moe=moe),
-                      tp_b)
+    return LayerParts(lt, tp_c, tp_b, cp_c, ep_c, cp_b, overlap,
+                      host_stall(device, plan, moe=moe))
 
 
 def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:

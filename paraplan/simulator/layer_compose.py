@@ -57,6 +57,9 @@ class LayerParts:
     tp_s: float
     """One exposed TP all-reduce (or all-gather + reduce-scatter) of b*s*h in a forward pass
     (and in a re-run forward under recompute)."""
+    tp_bwd_s: float
+    """The same in a backward pass (more than ``tp_s`` where PyTorch's async TP leaves the
+    input-gradient reduce-scatter exposed: ``layer.SharedParts.tp_bwd_exposed_s``)."""
     cp_s: float
     """Exposed ring-attention KV passing of one forward."""
     ep_s: float
@@ -70,9 +73,6 @@ class LayerParts:
     host_stall_s: float = 0.0
     """GPU idle in one forward while the host issues the kernels after the MoE layer's
     device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
-    tp_bwd_s: float | None = None
-    """One exposed TP all-reduce (or all-gather + reduce-scatter) of a backward pass, where
-    it differs from ``tp_s`` (PyTorch's async TP: ``layer.SharedParts.tp_bwd_exposed_s``)."""
 
 
 PARTS = 13
@@ -87,9 +87,8 @@ def part_columns(parts: LayerParts) -> tuple[Any, ...]:
     lt = parts.times
     slowdown = 0.0 if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
     return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
-            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s,
-            parts.tp_s if parts.tp_bwd_s is None else parts.tp_bwd_s, parts.cp_s, parts.ep_s,
-            parts.cp_bwd_s, slowdown, parts.host_stall_s)
+            lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.tp_bwd_s, parts.cp_s,
+            parts.ep_s, parts.cp_bwd_s, slowdown, parts.host_stall_s)
 
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:

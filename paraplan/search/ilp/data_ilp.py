@@ -22,7 +22,7 @@ from paraplan.simulator.compute import Device
 from paraplan.simulator.dp_sync import grad_sync_parts, pp_grad_chains
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import dp_bucket_elements, params_per_stage
-from paraplan.simulator.step import StepReport, bucketed_grad_sync, even_split, simulate
+from paraplan.simulator.step import StepReport, even_split, simulate
 from paraplan.specs.cluster import ClusterSpec, NodeGroup
 from paraplan.specs.plan import ParallelPlan
 
@@ -49,7 +49,7 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
                    union: tuple[int, ...]) -> float:
     """Exposed data-parallel synchronisation when the gradients of all types are all-reduced
     together and ``group`` finishes its backward last (seconds): ``simulate``'s own rule
-    (``bucketed_grad_sync``: DDP buckets of max(40M, 1M x dp) elements over the
+    (``dp_sync.grad_sync_parts``: DDP buckets of max(40M, 1M x dp) elements over the
     data-parallel ranks of stage 0, overlapped with the first stage's backward of one
     micro-batch, NCCL slowing the overlapped compute) applied to ``union``, the stage-0
     data-parallel ranks of all types on ``cluster``. With one type it is exactly what
@@ -72,14 +72,12 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
         window = float(rep.extra["stage_backward_s"][0])
         return max(sync - window, sync / buckets) + min(sync, window) * dev.nccl_slowdown
 
+    grads, params = grad_sync_parts(cluster.topology, union, ctx.model, plan, ctx.training,
+                                    dense + experts)
     chains = pp_grad_chains(ctx.training, plan)
     if chains:  # pipelined stages under FSDP: their gradient chains wait in full
-        grads, params = grad_sync_parts(cluster.topology, union, ctx.model, plan, ctx.training,
-                                        dense + experts)
         return (chains * grads + exposed(params)) / plan.dp_sync_interval
-    sync = bucketed_grad_sync(cluster.topology, union, ctx.model, plan, ctx.training,
-                              dense + experts)
-    return exposed(sync) / plan.dp_sync_interval
+    return exposed(grads + params) / plan.dp_sync_interval
 
 
 def _compose(ctx: Ctx, ch: Choice, groups: list[DataGroup], cluster: ClusterSpec,

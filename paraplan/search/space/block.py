@@ -18,6 +18,7 @@ from paraplan.search.space.stage_classes import (
 )
 from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import Device
+from paraplan.simulator.dp_sync import chains_per_step
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
     CUDA_CONTEXT_BYTES,
@@ -274,8 +275,8 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         # ZeRO-2 with m > 1: a reduce-scatter every micro-batch (simulator.step).
         z2m = (z == 2) & (m > 1)
         dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
-        if p > 1 and training.pp_grad_sync != "overlapped":  # dp_sync.pp_grad_chains
-            chains = p if training.pp_grad_sync == "cascade" else 1
+        chains = chains_per_step(training, p)  # dp_sync.pp_grad_chains (ZeRO-3 masked below)
+        if chains:
             dpt = np.where(z >= 1, chains * g_part + exposed(p_part), dpt)
         dp_time = np.where(need & ~z3, dpt, 0.0) / ctx.interval
         zero3 = np.where(need & z3, z3_exp, 0.0)

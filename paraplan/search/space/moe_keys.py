@@ -84,8 +84,8 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
     routed, per_e = _routed(space, dev, keys[rep], plan_of, run_free)
     lt, tp_c, tp_b, cp_c, cp_b = compose_parts(_columns(shared, sinv), _columns(routed, einv))
     sort_s, ep_s, overlap, stall = (col[einv] for col in per_e)
-    parts = LayerParts(with_dispatch_sort(lt, sort_s), tp_c, cp_c, ep_s, cp_b, overlap, stall,
-                       tp_b)
+    parts = LayerParts(with_dispatch_sort(lt, sort_s), tp_c, tp_b, cp_c, ep_s, cp_b, overlap,
+                       stall)
     return np.stack(part_columns(parts), axis=1)
 
 
