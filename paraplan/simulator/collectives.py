@@ -269,6 +269,37 @@ def pipeline_p2p(topology: Topology, span: int, stages: int, stride: int, nbytes
     return max((p2p(nbytes, bps, lat) for lat, bps in lines), default=0.0)
 
 
+def tied_embedding_lines(topology: Topology, span: int, stages: int,
+                         placement: Sequence[int] | None = None) -> list[tuple[float, float]]:
+    """Distinct (latency s, bandwidth bytes/s) of the pairs that all-reduce a tied word
+    embedding's gradient: rank ``i`` of the first stage with rank ``i`` of the last, for
+    every ``i`` of a stage's ``span`` ranks at once (Megatron's embedding group holds one
+    rank of each end of a pipeline: megatron/core/parallel_state.py ``embedding_ranks``);
+    empty for a single stage. Ranks sit on the GPUs of the same index, or on
+    ``placement[rank]``."""
+    if stages <= 1:
+        return []
+    src = np.arange(span, dtype=np.int64)
+    dst = src + (stages - 1) * span
+    if placement is not None:
+        place = np.asarray(placement, dtype=np.int64)
+        src, dst = place[src], place[dst]
+    eff = kind_efficiency(topology, "all_reduce")
+    return [(lat, bw * 1e9 * eff) for lat, bw in topology.pair_lines(src, dst)]
+
+
+def tied_embedding_all_reduce(topology: Topology, span: int, stages: int, nbytes: float,
+                              placement: Sequence[int] | None = None) -> float:
+    """Seconds of the tied-embedding gradient all-reduce of ``nbytes`` per rank
+    (``tied_embedding_lines``): a ring of two, 2 alpha + S / B (each rank sends half the
+    buffer in the reduce-scatter and half in the all-gather), on the slowest pair."""
+    if nbytes <= 0:
+        return 0.0
+    return max((2 * lat + nbytes / bps
+                for lat, bps in tied_embedding_lines(topology, span, stages, placement)),
+               default=0.0)
+
+
 def collective_lines(topology: Topology, group: Sequence[int], kind: str,
                      ) -> list[tuple[float, float]]:
     """``group_collective`` as lines: ``time(S) = min(alpha + beta * S)`` over the algorithms.

@@ -100,3 +100,34 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         # DeepSpeed's bf16 pipeline engine: the whole gradient, then the updated parameters.
         return all_reduce(count * grad_bytes), params
     return half("reduce_scatter", count * grad_bytes), params
+
+
+def tied_embedding_sync(topo: Topology, model: ModelSpec, training: TrainingSpec,
+                        plan: ParallelPlan, span: int,
+                        placement: tuple[int, ...] | None = None) -> float:
+    """Seconds a pipelined step waits to all-reduce the gradient of a word embedding tied to
+    the output layer (0 when untied or pp = 1): the first stage holds the embedding, the
+    last its copy as the LM head, and after the backward (and the data-parallel reduction)
+    every trainer sums the two copies' gradients before the optimizer step, with nothing
+    to hide it: Megatron-Core ``finalize_model_grads`` runs ``finish_grad_sync``, then
+    ``_allreduce_word_embedding_grads`` on ``main_grad`` (megatron/core/distributed/
+    finalize_model_grads.py); DeepSpeed's pipeline engine runs ``ReduceTiedGrads`` before
+    ``ReduceGrads`` and the optimizer step (runtime/pipe/schedule.py, engine.py
+    ``_exec_reduce_tied_grads``: the BF16 optimizer's fp32 ``_hp_grad``); Megatron-LM 2021-22
+    ``train_step`` alike (``backward-embedding-all-reduce``). Each rank holds the vocab / tp
+    rows of its TP shard, in the gradient buffer's dtype (fp32 where the trainer reduces or
+    accumulates in fp32, ``training.grad_reduce_fp32`` / ``grad_accumulation`` fp32_add;
+    compression knobs do not apply: it is not a data-parallel reduction)."""
+    if not model.tie_word_embeddings or plan.pp <= 1:
+        return 0.0
+    return coll.tied_embedding_all_reduce(topo, span, plan.pp,
+                                          tied_embedding_bytes(model, training, plan.tp),
+                                          placement)
+
+
+def tied_embedding_bytes(model: ModelSpec, training: TrainingSpec, tp: int | float) -> float:
+    """Bytes of the tied embedding gradient one rank all-reduces (``tied_embedding_sync``);
+    numbers or numpy arrays of ``tp``."""
+    fp32 = training.grad_reduce_fp32 or training.grad_accumulation == "fp32_add"
+    elem = 4 if fp32 else training.compute_bytes
+    return model.vocab_size * model.hidden_size / tp * elem

@@ -19,7 +19,12 @@ from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import fsdp_copy_bytes_per_param
-from paraplan.simulator.dp_sync import bucketed_grad_sync, grad_sync_parts, pp_grad_chains
+from paraplan.simulator.dp_sync import (
+    bucketed_grad_sync,
+    grad_sync_parts,
+    pp_grad_chains,
+    tied_embedding_sync,
+)
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.grads import optimizer_step_time
 from paraplan.simulator.layer import (
@@ -315,7 +320,10 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     copies = m * (dense0 + experts0) * fsdp_copy_bytes_per_param(  # FSDP's copies (ZeRO-2/3)
         training, plan.zero_stage) / device.memory_Bps if (cp * dp > 1 or edp > 1) else 0.0
 
-    step = span + dp_time + zero3_exposed + opt + copies
+    # A word embedding tied to the output layer: the two ends of the pipeline sum their
+    # copies' gradients before the optimizer step (reported under pp_comm).
+    tied = tied_embedding_sync(topo, model, training, plan, span_ranks, plan.placement)
+    step = span + dp_time + zero3_exposed + opt + copies + tied
     # ---- memory --------------------------------------------------------------------------
     # The MoE overlap's extra layer in flight (``warm``).
     inflight = [inflight_microbatches(plan.schedule, p, m, r, v=v, extra=warm) for r in range(p)]
@@ -329,9 +337,9 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     capacity = caps[worst]
 
     tp_c, cp_c, ep_c = m * tp_sum[crit], m * cp_sum[crit], m * ep_sum[crit]
-    exposed = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3_exposed
+    exposed = tp_c + cp_c + ep_c + pp_comm + tied + dp_time + zero3_exposed
     time_s = {"compute": m * comp[crit] + copies, "tp_comm": tp_c, "cp_comm": cp_c, "ep_comm": ep_c,
-              "pp_comm": pp_comm, "dp_comm": dp_time + zero3_exposed, "bubble": bubble,
+              "pp_comm": pp_comm + tied, "dp_comm": dp_time + zero3_exposed, "bubble": bubble,
               "optimizer": opt, "exposed_comm": exposed}
     extra = {"dp": dp, "num_microbatches": m, "layers_per_stage": layers,
              "stage_forward_s": t_f, "stage_backward_s": t_b, "stage_wgrad_s": t_w,

@@ -97,8 +97,7 @@ class TrainerCan(StrictModel):
     """With pp > 1 every pipeline stage (pp * vpp of them) needs at least one micro-batch."""
     one_f_one_b_needs_pp_minus_1: bool = False
     """The 1F1B engine needs at least pp - 1 micro-batches."""
-    relaxed_sync: bool = False
-    """Local SGD / DiLoCo, gradient or activation compression."""
+    relaxed_sync: bool = False  # local SGD / DiLoCo, gradient or activation compression
     dp_algorithms: list[Literal["collective", "ps", "sharded_ps"]] = ["collective"]
     """How DP gradients travel: NCCL-style collectives, or parameter servers."""
     placement: bool = False
@@ -109,6 +108,8 @@ class TrainerCan(StrictModel):
     """Expert-parallel all-to-all overlapped with another micro-batch's compute."""
     moe_tp_needs_sp: bool = False
     """MoE layers with tp > 1 need sequence parallelism in training."""
+    tied_embeddings_with_pp: bool = True
+    """A word embedding tied to the output layer with pp > 1 (torchtitan refuses it)."""
 
 
 class TrainerRuns(StrictModel):
@@ -200,16 +201,14 @@ class TrainerSpec(StrictModel):
 
 
 def missing_features(trainer: TrainerSpec, model: ModelSpec) -> list[str]:
-    """The model's architecture features (``ModelSpec.features``) the trainer's model code
-    lacks (``can.model_features``)."""
+    """The model's features (``ModelSpec.features``) the trainer lacks (``can.model_features``)."""
     return [f for f in model.features if f not in trainer.can.model_features]
 
 
 def a2a_overlap_needs(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
                       ) -> list[str]:
-    """What the plan lacks for Megatron-Core's expert-parallel all-to-all overlap
-    (``--overlap-moe-expert-parallel-comm``; transformer_config.py core_v0.15.3 L1441-1480
-    asserts each), in words; empty when it has all of it."""
+    """What the plan lacks, in words, for Megatron-Core's EP all-to-all overlap (``--overlap-moe-
+    expert-parallel-comm``; core_v0.15.3 transformer_config.py L1441-1480 asserts each)."""
     checks = ((plan.recompute == "full", "no full recomputation"),
               (plan.pp > 1 and plan.virtual_stages == 1,
                "an interleaved schedule (vpp > 1) when pp > 1"),
@@ -261,6 +260,8 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
         out.append(f"{who} always shards norms over the sequence with tp > 1 (sp=1)")
     if p.cp > 1 and not can.context_parallel:
         out.append(f"{who} has no ring context parallelism (plan: cp={p.cp})")
+    if p.pp > 1 and model.tie_word_embeddings and not can.tied_embeddings_with_pp:
+        out.append(f"{who} cannot pipeline a model whose word embedding is its output layer")
     missing = missing_features(trainer, model)
     if missing:
         out.append(f"{who} has no {', '.join(missing)} in its model code (the model needs "
@@ -343,11 +344,10 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
 
 
 def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
-    """``training`` as the trainer runs it: gradient-reduction dtype, gradient accumulation and
-    ZeRO-1's reduction, dropout, kernels (fused for fp8 where the trainer compiles fp8 runs),
-    its loss and logged metrics, fp8 scaling, weight caching and all-gathers, FlashAttention
-    version, FSDP copies and re-gathers, ring-attention merges and MoE dispatch from the
-    profile, except those the user set."""
+    """``training`` as the trainer runs it: its run facts (gradient reduction and accumulation,
+    dropout, kernels (fused for fp8 where the trainer compiles fp8 runs), loss and metrics, fp8
+    scaling, caching and gathers, FlashAttention, FSDP copies and re-gathers, ring-attention
+    merges, MoE dispatch, ...) from the profile, except those the user set."""
     runs = trainer.runs
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),

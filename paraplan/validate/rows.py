@@ -65,6 +65,7 @@ from paraplan.validate.source_facts import (
     OMNI_PATH_100G,
     PLAN_DOUBT,
     SC21_TABLE_1,
+    TIED_EMBEDDING_SOURCES,
     TORCHTITAN_LOSS_COMPILED_FROM,
     TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM,
     llama3_paper_layout,
@@ -145,7 +146,7 @@ def _model(row: dict[str, Any], s: _Specs, seq: int) -> ModelSpec:
         norm="rmsnorm" if family == "llama" else "layernorm",
         position_embedding={"llama": "rope", "mpt": "alibi", "bloom": "alibi"}.get(
             family, "learned"),
-        max_position_embeddings=seq, tie_word_embeddings=False,
+        max_position_embeddings=seq, tie_word_embeddings=s.source in TIED_EMBEDDING_SOURCES,
         use_bias=family in ("gpt", "bloom"), embedding_layernorm=family == "bloom",
         num_experts=experts, moe_top_k=topk,
     )

@@ -43,6 +43,17 @@ DEFAULT_VOCAB = {
                                                 "the GPT-3 architecture)"),
 }
 
+# Sources whose models tie the word embedding to the output layer (the rows' columns do not
+# say): the GPT models of Megatron-LM 2021-22 (megatron/model/gpt_model.py: GPTModel is a
+# MegatronModule with share_word_embeddings=True and computes its logits with
+# word_embeddings_weight(); --untie-embeddings-and-output-weights came in 2023), BLOOM
+# (bigscience Megatron-DeepSpeed GPTModelPipe: TiedLayerSpec('embed', EmbeddingPipe, ...) at both
+# ends of the pipeline) and MPT (llm-foundry MPTConfig tie_word_embeddings=True: the logits
+# reuse the SharedEmbedding wte). The others train Llama-style untied models; DT-FM's Megatron
+# baseline is Megatron's BERT Classification (share_word_embeddings=False, see DEFAULT_VOCAB).
+TIED_EMBEDDING_SOURCES = frozenset({"megatron2021_narayanan", "korthikanti2022",
+                                    "bloom176b_bigscience", "mosaicml_llmfoundry_mpt"})
+
 # The attention kernel of llm-foundry's large-scale H100 table (README section "H100 80GB BF16
 # (Large Scale, >= 128 GPUs)", added in mosaicml/llm-foundry 5e85bd62d, 2024-01-06): its
 # scripts/train/benchmarking/sweep.py passes --attn_impl flash for the 1b, 3b, 7b and 70b

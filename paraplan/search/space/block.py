@@ -286,8 +286,9 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         return dp_time, zero3, opt, copies
 
     dp_time, zero3, opt, copies = tail(crit)
+    tied = ctx.comm.t_tied[at]  # dp_sync.tied_embedding_sync, reported under pp_comm
 
-    out_step[idx] = span + dp_time + zero3 + opt + copies
+    out_step[idx] = span + dp_time + zero3 + opt + copies + tied
     if times:  # the breakdown (empty where evaluate_space was not asked for it)
         comp = stage(3) + last[None, :] * (hh[:, 0] + hh[:, 1] - hh[:, 2])[:, None]
         tp_c = m * (stage(4) + last[None, :] * hh[:, 2, None])[rows, crit]
@@ -297,11 +298,11 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         times["tp_comm"][idx] = tp_c
         times["cp_comm"][idx] = cp_c
         times["ep_comm"][idx] = ep_c
-        times["pp_comm"][idx] = pp_comm
+        times["pp_comm"][idx] = pp_comm + tied
         times["dp_comm"][idx] = dp_time + zero3
         times["bubble"][idx] = bubble
         times["optimizer"][idx] = opt
-        times["exposed_comm"][idx] = tp_c + cp_c + ep_c + pp_comm + dp_time + zero3
+        times["exposed_comm"][idx] = tp_c + cp_c + ep_c + pp_comm + tied + dp_time + zero3
     exact[idx] &= (c["uneven"][idx] == 0) & ~odd
     # Uneven splits: the closed form above estimates their span, so they get a bound the
     # event simulation cannot beat, whatever the schedule. The critical rank does its own
@@ -339,7 +340,8 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         for j in range(fb.shape[1]):
             alt = ties[:, j] & (crit != j)
             if alt.any():
-                after = np.where(alt, np.minimum(after, sum(tail(np.full(len(idx), j)))), after)
+                after = np.where(alt, np.minimum(after, sum(tail(np.full(len(idx), j)))
+                                                 + tied), after)
     span_low = np.maximum(np.where(zb, 0.0, m * fb_c + fill),
                           np.maximum(chain, per_rank.max(axis=1)))
     out_lower[idx] = np.where(c["uneven"][idx] == 1, span_low + after, out_step[idx])

@@ -13,8 +13,9 @@ import numpy as np
 from paraplan.search.space.build import PlanSpace
 from paraplan.search.space.fix import COMPRESSION_FIELDS
 from paraplan.search.space.keys import group_lines, key_index
-from paraplan.simulator.collectives import pipeline_p2p_lines
+from paraplan.simulator.collectives import pipeline_p2p_lines, tied_embedding_lines
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio
+from paraplan.simulator.dp_sync import tied_embedding_bytes
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
 
@@ -42,6 +43,9 @@ class CommTables:
     """Seconds of one pipeline send of a micro-batch's activations (0 without PP)."""
     grad_bytes: np.ndarray
     """Gradient bytes per element on the wire (``simulator.compression``)."""
+    t_tied: np.ndarray
+    """Seconds of the tied-embedding gradient all-reduce between the pipeline's ends
+    (``dp_sync.tied_embedding_sync``; 0 when untied or without PP)."""
 
     def pos(self, idx: np.ndarray) -> np.ndarray:
         """Entries of the plans ``idx`` (each one of ``rows``) in the arrays above."""
@@ -89,7 +93,18 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     lines_of = p2p_lines[kinv.reshape(-1)]
     t_p2p = np.where(pp_ > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
                                      / lines_of[:, :, 1], axis=1), 0.0)
-    return CommTables(rows, ginv, ar, ag, rs, einv, ear, eag, ers, t_p2p, per_tp[tinv])
+    t_tied = np.zeros(len(rows))
+    if model.tie_word_embeddings:  # the slowest first-to-last pair of each (span, pp)
+        tk, tinv2 = key_index([dp_ * tp_ * cp_, pp_])
+        nbytes = tied_embedding_bytes(model, training, tp_.astype(float))
+        for i, (span, p_) in enumerate(tk):
+            lines = tied_embedding_lines(topo, int(span), int(p_)) \
+                if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
+            at = tinv2.reshape(-1) == i
+            for lat, bps in lines:
+                t_tied[at] = np.maximum(t_tied[at], 2 * lat + nbytes[at] / bps)
+    return CommTables(rows, ginv, ar, ag, rs, einv, ear, eag, ers, t_p2p, per_tp[tinv],
+                      t_tied)
 
 
 def strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, ...]:

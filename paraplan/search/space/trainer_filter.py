@@ -112,6 +112,8 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
         (f"{who} splits layers evenly over the pipeline stages",
          (cols["uneven"] == 1) & (not can.uneven_layers)),
         (f"{who} has no context parallelism", (cp > 1) & (not can.context_parallel)),
+        (f"{who} cannot pipeline a model whose word embedding is its output layer",
+         piped & model.tie_word_embeddings & (not can.tied_embeddings_with_pp)),
         (f"{who} does not set expert parallelism in its config",
          (ep > 1) & (not can.expert_parallel)),
         (f"{who} has no expert tensor-parallel degree other than tp",
