@@ -348,7 +348,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              "num_gpus": n_gpus, "gpus_per_stage": span_ranks, "worst_stage": worst,
              "stage_gpu_types": [sorted(g) for g in stage_gpus],
              "stage_memory_capacity_gb": caps,
-             "plan_short": plan.short(), "pp_p2p_s": t_p2p}
+             "plan_short": plan.short(), "pp_p2p_s": t_p2p, "tied_embedding_s": tied}
     if uses_knobs(plan):
         extra["communication_savings"] = savings(model, training, plan)
     oom_reasons: list[str] = []

@@ -6,7 +6,8 @@ per forward / backward / weight-gradient pass named like ``F mb3`` (``F mb3 c1``
 chunk 1 of an interleaved schedule), followed on the same thread by its blocking p2p send
 (``send F mb3``, category ``p2p``) when the plan has pipeline parallelism. Gaps on a stage's
 thread are its pipeline bubble. Process 1 ("step") has one thread showing the pipeline span,
-then the exposed data-parallel synchronisation and the optimizer step, so the whole step is
+then the exposed data-parallel synchronisation, the tied-embedding gradient all-reduce (tied
+models under PP) and the optimizer step, so the whole step is
 visible. Timestamps and durations are microseconds (the format's unit).
 """
 
@@ -78,6 +79,7 @@ def chrome_trace(report: dict[str, Any]) -> dict[str, Any]:
                                   "num_microbatches": report["num_microbatches"],
                                   "schedule": plan.get("schedule")}),
               ("dp sync (exposed)", float(time_s.get("dp_comm", 0.0)), {}),
+              ("tied embedding all-reduce", float(report.get("tied_embedding_s", 0.0)), {}),
               ("optimizer", float(time_s.get("optimizer", 0.0)), {})]
     t = 0.0
     for name, dur, args in phases:
