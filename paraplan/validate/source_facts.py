@@ -36,7 +36,15 @@ KORTHIKANTI_VPP = {12288: 3, 20480: 3}
 
 # Vocabulary where a source's row leaves it empty.
 DEFAULT_VOCAB = {
-    "dtfm_yuan2022": (50257, "vocab 50257 (GPT-2 BPE used by Megatron GPT; not stated)"),
+    # DT-FM's Megatron baselines ran dist_megatron_train_qqp.py (DS3Lab/Decentralized_FM_alpha
+    # scripts/local_scripts/megatron_gpt3_xl_mp8_dp8.sh, megatron_gpt3_39b_mp8_dp8.sh @9be8558f):
+    # Megatron's BERT Classification on QQP (BertWordPieceLowerCase, bert-large-cased-vocab.txt:
+    # 28,996 tokens; a pooler and a 2-way classifier instead of an LM head), one untimed and 2
+    # (GPT-XL) or 1 (39B) timed iterations. paraplan prices the GPT the table names (an LM
+    # head of 50257), which over-counts the head: README "DT-FM's Megatron baselines".
+    "dtfm_yuan2022": (50257, "vocab 50257 and an LM head: the measured run is Megatron's BERT "
+                             "classifier (28,996-token WordPiece vocab, no LM head; "
+                             "source_facts.DEFAULT_VOCAB)"),
     "korthikanti2022": (51200, "vocab 51200 (the Megatron GPT vocabulary of the throughput rows)"),
     "megatron2021_narayanan": (51200, "vocab 51200 (Megatron README)"),
     "megascale2024_megatron_baseline": (50257, "vocab 50257 (GPT-3 175B's BPE; MegaScale trains "
