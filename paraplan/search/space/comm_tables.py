@@ -83,11 +83,7 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     per_key = [pipeline_p2p_lines(topo, int(span), int(p_), int(t_))
                if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
                for span, p_, t_ in uk]
-    p2p_lines = np.zeros((len(uk), max([1, *(len(x) for x in per_key)]), 2))
-    p2p_lines[:, :, 1] = np.inf  # padding lines: 0 latency, infinite bandwidth
-    for i, lines in enumerate(per_key):
-        for j, line in enumerate(lines):
-            p2p_lines[i, j] = line
+    p2p_lines = _line_table(per_key)
     act_bytes = mbs * training.seq_len / cp_ * model.hidden_size \
         * float(training.compute_bytes) * pp_ratio(training, ParallelPlan(**knobs))
     lines_of = p2p_lines[kinv.reshape(-1)]
@@ -96,13 +92,12 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     t_tied = np.zeros(len(rows))
     if model.tie_word_embeddings:  # the slowest first-to-last pair of each (span, pp)
         tk, tinv2 = key_index([dp_ * tp_ * cp_, pp_])
+        tied_lines = _line_table([tied_embedding_lines(topo, int(span), int(p_))
+                                  if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus
+                                  else [] for span, p_ in tk])[tinv2.reshape(-1)]
         nbytes = tied_embedding_bytes(model, training, tp_.astype(float))
-        for i, (span, p_) in enumerate(tk):
-            lines = tied_embedding_lines(topo, int(span), int(p_)) \
-                if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus else []
-            at = tinv2.reshape(-1) == i
-            for lat, bps in lines:
-                t_tied[at] = np.maximum(t_tied[at], 2 * lat + nbytes[at] / bps)
+        t_tied = np.where(pp_ > 1, np.max(2 * tied_lines[:, :, 0] + nbytes[:, None]
+                                          / tied_lines[:, :, 1], axis=1), 0.0)
     return CommTables(rows, ginv, ar, ag, rs, einv, ear, eag, ers, t_p2p, per_tp[tinv],
                       t_tied)
 
@@ -116,3 +111,14 @@ def strided_group_lines(topo: Topology, keys: np.ndarray) -> tuple[np.ndarray, .
         for arr, kind in zip(out, ("all_reduce", "all_gather", "reduce_scatter"), strict=True):
             arr[i] = group_lines(topo, group, kind)
     return out
+
+
+def _line_table(per_key: list[list[tuple[float, float]]]) -> np.ndarray:
+    """(keys, lines, 2) array of each key's (latency s, bandwidth bytes/s) lines, padded with
+    lines of 0 latency and infinite bandwidth (they cost 0 for any size)."""
+    table = np.zeros((len(per_key), max([1, *(len(x) for x in per_key)]), 2))
+    table[:, :, 1] = np.inf
+    for i, lines in enumerate(per_key):
+        for j, line in enumerate(lines):
+            table[i, j] = line
+    return table
