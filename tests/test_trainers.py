@@ -545,7 +545,8 @@ def test_fused_fp8_casts_write_both_layouts():
     ("per_param", 3, False, 2 * 2 * 2 + 2 + 4),  # two gathers copied out, bf16 -> fp32 pack
     ("per_param", 2, True, 1 * 2 * 2 + 2 + 4),   # reshard_after_forward=False: one gather
     ("per_param", 2, False, 2 + 4),              # gathered once per step: only the pack
-    ("flat", 3, False, 2 + 4),                   # FSDP1: the fp32 cast of the gradient
+    # FSDP1: the views' gradients concatenated (bf16), cast to fp32, pre-divided in place
+    ("flat", 3, False, 2 * 2 + (2 + 4) + 2 * 4),
 ])
 def test_fsdp_copies_are_charged_every_micro_batch(copies, zero, regather, per_param):
     # Hand-worked: the step grows by m x (parameters on the rank) x bytes / memory bandwidth,

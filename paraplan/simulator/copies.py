@@ -20,9 +20,17 @@ def fsdp_copy_bytes_per_param(training: TrainingSpec, zero_stage: int) -> float:
       reshard); ZeRO-2 (``reshard_after_forward=False``) once when it re-gathers for every
       micro-batch (``training.zero2_regather``), else once per step, whose one copy-out is
       not charged.
-    - ``flat``, FSDP1 FlatParameter (torch/distributed/fsdp/_runtime_utils.py
-      ``_reduce_grad``): the all-gather writes the flat parameter itself; the unsharded
-      gradient is cast to the reduce dtype when that differs (``.to(reduce_dtype)``).
+    - ``flat``, FSDP1 FlatParameter: the all-gather writes the flat parameter itself, but
+      the module's parameters are ``torch.split`` views of it taken under autograd
+      (``_flat_param.py`` ``_use_unsharded_views``), so the backward concatenates their
+      gradients into the flat gradient (``SplitWithSizesBackward``: read and write, 2 x the
+      compute dtype); ``_post_backward_hook`` then casts it to the reduce dtype when that
+      differs (``.to(reduce_dtype)``), and ``_reduce_grad`` divides the unsharded gradient
+      in place by the pre-divide factor (``_div_if_needed(padded_unsharded_grad,
+      _gradient_predivide_factor)``, > 1 for any group of two or more: read and write the
+      reduce dtype) before the reduce-scatter (torch 2.6 ``_runtime_utils.py``; torch
+      1.12-1.13 ``fully_sharded_data_parallel.py`` ``_post_backward_hook``: cast, then
+      ``param.grad.div_(self.gradient_predivide_factor)``).
     - None: not priced (0).
 
     The reduce copy-in runs on FSDP's reduce-scatter stream, beside compute, but it still
@@ -32,7 +40,7 @@ def fsdp_copy_bytes_per_param(training: TrainingSpec, zero_stage: int) -> float:
         return 0.0
     cb, rb = float(training.compute_bytes), float(training.grad_reduce_bytes)
     if training.fsdp_copies == "flat":
-        return cb + rb if rb != cb else 0.0
+        return 2.0 * cb + (cb + rb if rb != cb else 0.0) + 2.0 * rb
     gathers = 2.0 if zero_stage == 3 else float(training.zero2_regather)
     return gathers * 2.0 * cb + cb + rb
 

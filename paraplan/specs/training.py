@@ -89,8 +89,9 @@ class TrainingSpec(StrictModel):
     fsdp_copies: Literal["flat", "per_param"] | None = None
     """Memory copies the sharded data-parallel implementation adds to every micro-batch under
     zero_stage 2/3 (``simulator.copies.fsdp_copy_bytes_per_param``): ``flat`` (PyTorch FSDP1
-    FlatParameter: the all-gather writes the flat parameter in place; the unsharded gradient
-    is cast to the reduce dtype when it differs), ``per_param`` (FSDP2 ``fully_shard``: every
+    FlatParameter: the all-gather writes the flat parameter in place; the backward concatenates
+    the parameter views' gradients into the flat gradient, which is cast to the reduce dtype
+    when it differs and pre-divided in place), ``per_param`` (FSDP2 ``fully_shard``: every
     all-gather is copied out into the per-parameter tensors and every reduce-scatter input is
     packed by a copy-in); None: not priced (Megatron's and DeepSpeed's own buffers)."""
     zero1_grad_all_reduce: bool = False
