@@ -161,7 +161,7 @@ def test_vectorized_filter_agrees_with_trainer_reasons(trainer):
     training = TrainingSpec(global_batch_size=64, seq_len=4096)
     spec = load_trainer(trainer)
     space = build_space(model, cluster, training)
-    keep, _ = trainer_mask(space.cols, spec, model)
+    keep, _ = trainer_mask(space.cols, spec, model, training)
     rng = np.random.default_rng(0)
     rows = rng.choice(len(space), size=min(600, len(space)), replace=False)
     for i in rows.tolist():

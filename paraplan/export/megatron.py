@@ -25,7 +25,8 @@ from paraplan.export.common import (
     refuse_relaxed_sync,
 )
 from paraplan.specs.loaders import load_trainer
-from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING, a2a_overlap_needs
+from paraplan.specs.trainer import a2a_overlap_needs
+from paraplan.specs.trainer_names import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING
 
 TRAINER = "Megatron-LM"
 VERSION = "core_v0.15"

@@ -40,7 +40,8 @@ from paraplan.export.common import (
 )
 from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.trainer import TORCHTITAN_ROTATE_METHODS, trainer_training
+from paraplan.specs.trainer import trainer_training
+from paraplan.specs.trainer_names import TORCHTITAN_ROTATE_METHODS
 
 TRAINER = "torchtitan"
 FLOAT8_CONVERTER = "quantize.linear.float8"

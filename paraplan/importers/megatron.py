@@ -18,7 +18,7 @@ from typing import Any
 
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.trainer import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING
+from paraplan.specs.trainer_names import MEGATRON_FP8_RECIPES, MEGATRON_FSDP_SHARDING
 from paraplan.specs.training import MAX_BUCKET_ELEMENTS
 
 

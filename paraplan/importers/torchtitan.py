@@ -17,7 +17,7 @@ from paraplan.export.torchtitan import FLOAT8_CONVERTER
 from paraplan.importers.common import ImportedConfig, ImportError_, as_int
 from paraplan.specs import safe_io
 from paraplan.specs.plan import ParallelPlan
-from paraplan.specs.trainer import TORCHTITAN_ROTATE_METHODS
+from paraplan.specs.trainer_names import TORCHTITAN_ROTATE_METHODS
 
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
 

@@ -152,7 +152,8 @@ def _check_runnable(result: SearchResult, trainer: TrainerSpec, model: ModelSpec
     another through is a bug, said loudly (not dropped silently)."""
     for rep in result.reports:
         plan = ParallelPlan(**{k: v for k, v in rep.plan.items() if v is not None})
-        bad = trainer_reasons(trainer, model, training, plan, rep.extra.get("num_microbatches"))
+        bad = trainer_reasons(trainer, model, training, plan, rep.extra.get("num_microbatches"),
+                              dp=rep.extra.get("dp"))
         if bad:
             raise AssertionError(f"the {result.searcher} searcher returned {plan.short()}, which "
                                  f"{trainer.label} cannot run: {'; '.join(bad)}")

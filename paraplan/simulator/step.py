@@ -113,7 +113,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     per_step = dp * plan.micro_batch_size
     m = training.global_batch_size // per_step if training.global_batch_size % per_step == 0 \
         else None
-    cannot = trainer_reasons(spec, model, training, plan, m)
+    cannot = trainer_reasons(spec, model, training, plan, m, dp=dp)
     if cannot:
         report = infeasible(plan, check_plan(model, cluster, training, plan) + cannot)
     else:

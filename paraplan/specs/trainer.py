@@ -23,19 +23,6 @@ from paraplan.specs.model import ModelFeature, ModelSpec
 from paraplan.specs.plan import ParallelPlan, Recompute, Schedule
 from paraplan.specs.training import MAX_BUCKET_ELEMENTS, Precision, TrainingSpec
 
-MEGATRON_FP8_RECIPES = {"delayed": "delayed", "tensorwise": "current", "blockwise": "block",
-                        "mxfp8": "block"}
-"""Megatron-Core's ``--fp8-recipe`` choices (core_v0.15.3 arguments.py; default ``delayed``)
--> ``TrainingSpec.fp8_scaling``; the first name of each is written on export (block scaling
-as ``blockwise``; ``mxfp8``, Blackwell's MX format, is priced alike)."""
-
-MEGATRON_FSDP_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
-"""Megatron-FSDP's ``--data-parallel-sharding-strategy`` -> ZeRO stage (import; ZeRO-2/3 export)."""
-
-TORCHTITAN_ROTATE_METHODS = {"allgather": "allgather", "alltoall": "ring"}
-"""torchtitan's ``parallelism.context_parallel_rotate_method`` -> ``TrainingSpec.cp_kv_exchange``
-(v0.2.2 job_config.py: 'alltoall' shuffles each K/V shard to the next rank, a ring step)."""
-
 RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
                   "activation_compression_bits", "pseudo_grad_bits")
 """Plan fields of relaxed synchronization (local SGD, compression) no pinned trainer config
@@ -110,6 +97,11 @@ class TrainerCan(StrictModel):
     """MoE layers with tp > 1 need sequence parallelism in training."""
     tied_embeddings_with_pp: bool = True
     """A word embedding tied to the output layer with pp > 1 (torchtitan refuses it)."""
+    ddp_only_alone: bool = False
+    """Replicated data parallelism (zero_stage 0 over dp > 1) only with no tp, pp or cp."""
+    mixed_precision_needs_fsdp: bool = False
+    """bf16/fp8 with tp > 1 or pp > 1 only under FSDP (zero_stage >= 1 over dp > 1, or cp >
+    1); without it the trainer turns mixed precision off and trains in fp32."""
 
 
 class TrainerRuns(StrictModel):
@@ -218,12 +210,23 @@ def a2a_overlap_needs(model: ModelSpec, training: TrainingSpec, plan: ParallelPl
 
 
 def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSpec,
-                    plan: ParallelPlan, num_microbatches: int | None = None) -> list[str]:
+                    plan: ParallelPlan, num_microbatches: int | None = None,
+                    dp: int | None = None) -> list[str]:
     """Why ``trainer`` cannot run ``plan`` (empty when it can), one plain sentence each.
 
-    ``num_microbatches`` (per replica per step) enables the micro-batch rules."""
+    ``num_microbatches`` (per replica per step) enables the micro-batch rules; ``dp`` (the
+    plan's data-parallel degree where it leaves it out) the data-parallel ones."""
     can, who, out = trainer.can, trainer.label, []
     p = plan
+    dp = p.dp if p.dp is not None else dp
+    if dp is not None and p.zero_stage == 0 and dp > 1 and max(p.tp, p.pp, p.cp) > 1 \
+            and can.ddp_only_alone:
+        out.append(f"{who} runs replicated data parallelism (zero_stage=0, dp={dp}) only "
+                   "without tp, pp or cp; shard it (zero_stage >= 1)")
+    if dp is not None and can.mixed_precision_needs_fsdp and training.precision != "fp32" \
+            and max(p.tp, p.pp) > 1 and not (p.cp > 1 or (p.zero_stage >= 1 and dp > 1)):
+        out.append(f"{who} trains {training.precision} with tp or pp only under FSDP "
+                   "(zero_stage >= 1 over dp > 1, or cp > 1); otherwise in fp32")
     if p.tp > 1 and not can.tensor_parallel:
         out.append(f"{who} has no tensor parallelism (plan: tp={p.tp})")
     if p.pp > 1 and not can.pipeline_parallel:

@@ -114,6 +114,12 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
         (f"{who} has no context parallelism", (cp > 1) & (not can.context_parallel)),
         (f"{who} cannot pipeline a model whose word embedding is its output layer",
          piped & model.tie_word_embeddings & (not can.tied_embeddings_with_pp)),
+        (f"{who} runs replicated data parallelism only without tp, pp or cp",
+         (zero == 0) & (cols["dp"] > 1) & ((tp > 1) | piped | (cp > 1)) & can.ddp_only_alone),
+        (f"{who} trains in mixed precision with tp or pp only under FSDP",
+         ((tp > 1) | piped) & ~((cp > 1) | ((zero >= 1) & (cols["dp"] > 1)))
+         & can.mixed_precision_needs_fsdp
+         & (training is not None and training.precision != "fp32")),
         (f"{who} does not set expert parallelism in its config",
          (ep > 1) & (not can.expert_parallel)),
         (f"{who} has no expert tensor-parallel degree other than tp",
