@@ -78,8 +78,7 @@ class TrainerCan(StrictModel):
     bf16_moments_zero_stages: list[Literal[0, 1, 2, 3]] = [0, 1, 2, 3]
     """ZeRO stages its bf16-moment optimizer runs with."""
     fp8_moe: bool = True
-    """fp8 for mixture-of-experts models (their expert GEMMs in fp8); False where the
-    trainer's fp8 path converts dense linear layers only."""
+    """fp8 for MoE models (expert GEMMs in fp8); False: its fp8 converts dense linears only."""
     microbatches_per_stage: bool = False
     """With pp > 1 every pipeline stage (pp * vpp of them) needs at least one micro-batch."""
     one_f_one_b_needs_pp_minus_1: bool = False
@@ -100,8 +99,7 @@ class TrainerCan(StrictModel):
     ddp_only_alone: bool = False
     """Replicated data parallelism (zero_stage 0 over dp > 1) only with no tp, pp or cp."""
     mixed_precision_needs_fsdp: bool = False
-    """bf16/fp8 with tp > 1 or pp > 1 only under FSDP (zero_stage >= 1 over dp > 1, or cp >
-    1); without it the trainer turns mixed precision off and trains in fp32."""
+    """bf16/fp8 with tp or pp > 1 only under FSDP (zero >= 1 over dp > 1, or cp > 1); else fp32."""
 
 
 class TrainerRuns(StrictModel):
@@ -199,8 +197,8 @@ def missing_features(trainer: TrainerSpec, model: ModelSpec) -> list[str]:
 
 def a2a_overlap_needs(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
                       ) -> list[str]:
-    """What the plan lacks, in words, for Megatron-Core's EP all-to-all overlap (``--overlap-moe-
-    expert-parallel-comm``; core_v0.15.3 transformer_config.py L1441-1480 asserts each)."""
+    """What the plan lacks for Megatron-Core's EP all-to-all overlap, in words (core_v0.15.3
+    transformer_config.py L1441-1480 asserts each: ``--overlap-moe-expert-parallel-comm``)."""
     checks = ((plan.recompute == "full", "no full recomputation"),
               (plan.pp > 1 and plan.virtual_stages == 1,
                "an interleaved schedule (vpp > 1) when pp > 1"),
@@ -219,14 +217,13 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     can, who, out = trainer.can, trainer.label, []
     p = plan
     dp = p.dp if p.dp is not None else dp
-    if dp is not None and p.zero_stage == 0 and dp > 1 and max(p.tp, p.pp, p.cp) > 1 \
-            and can.ddp_only_alone:
+    if can.ddp_only_alone and p.zero_stage == 0 and (dp or 1) > 1 and max(p.tp, p.pp, p.cp) > 1:
         out.append(f"{who} runs replicated data parallelism (zero_stage=0, dp={dp}) only "
                    "without tp, pp or cp; shard it (zero_stage >= 1)")
-    if dp is not None and can.mixed_precision_needs_fsdp and training.precision != "fp32" \
-            and max(p.tp, p.pp) > 1 and not (p.cp > 1 or (p.zero_stage >= 1 and dp > 1)):
-        out.append(f"{who} trains {training.precision} with tp or pp only under FSDP "
-                   "(zero_stage >= 1 over dp > 1, or cp > 1); otherwise in fp32")
+    if can.mixed_precision_needs_fsdp and training.precision != "fp32" and max(p.tp, p.pp) > 1 \
+            and dp is not None and not (p.cp > 1 or (p.zero_stage >= 1 and dp > 1)):
+        out.append(f"{who} trains {training.precision} with tp or pp only under FSDP (zero_stage "
+                   ">= 1 over dp > 1, or cp > 1); otherwise in fp32")
     if p.tp > 1 and not can.tensor_parallel:
         out.append(f"{who} has no tensor parallelism (plan: tp={p.tp})")
     if p.pp > 1 and not can.pipeline_parallel:
