@@ -1,8 +1,10 @@
-"""Bytes that trainers' framework code moves outside the model's own kernels, per micro-batch:
-FSDP's copies around its collectives and PyTorch ring attention's merges. Pure byte counts,
+"""Bytes that trainers' framework code moves outside the model's own kernels: FSDP's copies
+around its collectives, DDP's under autocast, and PyTorch ring attention's merges. Pure byte counts,
 each from the framework source it cites; ``simulator.compute`` turns them into seconds."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from paraplan.specs.training import TrainingSpec
 
@@ -43,6 +45,32 @@ def fsdp_copy_bytes_per_param(training: TrainingSpec, zero_stage: int) -> float:
         return 2.0 * cb + (cb + rb if rb != cb else 0.0) + 2.0 * rb
     gathers = 2.0 if zero_stage == 3 else float(training.zero2_regather)
     return gathers * 2.0 * cb + cb + rb
+
+
+def ddp_autocast_bytes_per_param(training: TrainingSpec, m: Any, synced: Any) -> Any:
+    """Bytes of memory traffic per parameter and step that replicated data parallelism
+    (zero_stage 0) under ``torch.autocast`` adds (``training.ddp_autocast``; 0 otherwise), for
+    ``m`` micro-batches; ``synced``: DDP wraps the model (dp x cp > 1). Numbers or numpy
+    arrays alike.
+
+    - Each micro-batch's forward casts every fp32 weight to the compute dtype once (autocast
+      caches the cast of a leaf that requires grad for its region: read 4, write 2 B) and
+      its backward casts the weight gradient back to fp32 (``ToCopyBackward``: read 2, write
+      4 B).
+    - Micro-batches after the first add into the fp32 ``.grad`` (``AccumulateGrad``: read 8,
+      write 4 B).
+    - Each DDP sync copies the gradients into the reducer's buckets, dividing by the world
+      size on the way (torch/csrc/distributed/c10d/reducer.cpp ``copy_grad_to_bucket``:
+      ``mul_out``), and back after the all-reduce (``finalize_bucket_dense`` with
+      ``gradient_as_bucket_view=False``, the default composer's ``prepare_ddp_module`` and
+      torchtitan's ``replicate`` keep): 2 x (read 4, write 4) B; once per step, or every
+      micro-batch where ``training.ddp_sync_every_microbatch``.
+    """
+    if not training.ddp_autocast or training.compute_bytes >= 4:
+        return 0.0 * m
+    cb = float(training.compute_bytes)
+    syncs = (m if training.ddp_sync_every_microbatch else 1) * synced
+    return m * 2.0 * (4.0 + cb) + (m - 1) * 12.0 + syncs * 16.0
 
 
 def eager_ring_bytes(cp: int, q_elems: float, kv_elems: float, cb: float

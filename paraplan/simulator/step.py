@@ -18,7 +18,7 @@ import numpy as np
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes, pp_ratio, savings, uses_knobs
 from paraplan.simulator.compute import Device
-from paraplan.simulator.copies import fsdp_copy_bytes_per_param
+from paraplan.simulator.copies import ddp_autocast_bytes_per_param, fsdp_copy_bytes_per_param
 from paraplan.simulator.dp_sync import (
     bucketed_grad_sync,
     grad_sync_parts,
@@ -293,6 +293,9 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         # all-gather. (FSDP's ZeRO-2 is priced per layer above.)
         elif plan.zero_stage == 2 and m > 1:
             out = (m - 1) * exposed(grads) + exposed(grads + params)
+        # DDP without no_sync (torchtitan) all-reduces every micro-batch under its backward.
+        elif plan.zero_stage == 0 and training.ddp_sync_every_microbatch:
+            out = m * exposed(grads + params)
         else:
             out = exposed(grads + params)
         return out / plan.dp_sync_interval, 0.0
@@ -319,6 +322,9 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     copies = m * (dense0 + experts0) * fsdp_copy_bytes_per_param(  # FSDP's copies (ZeRO-2/3)
         training, plan.zero_stage) / device.memory_Bps if (cp * dp > 1 or edp > 1) else 0.0
+    if plan.zero_stage == 0:  # DDP under autocast: weight casts, fp32 accumulation, buckets
+        copies += (dense0 + experts0) * ddp_autocast_bytes_per_param(
+            training, m, cp * dp > 1) / device.memory_Bps
 
     # A word embedding tied to the output layer: the two ends of the pipeline sum their
     # copies' gradients before the optimizer step (reported under pp_comm).

@@ -293,3 +293,15 @@ def parse_plan(text: str | dict[str, Any]) -> ParallelPlan:
         raise from_validation_error(exc, "plan") from None
     except TypeError as exc:  # pragma: no cover - defensive (non-str keys)
         raise SpecError(f"plan is malformed: {exc}", field="plan") from None
+
+
+RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
+                  "activation_compression_bits", "pseudo_grad_bits")
+"""Plan fields of relaxed synchronization (local SGD, compression) no pinned trainer config
+expresses; a trainer profile allows them with ``can.relaxed_sync``."""
+
+
+def relaxed_knobs(values: dict[str, Any]) -> list[str]:
+    """The relaxed-synchronization fields among plan ``values`` set away from their defaults."""
+    return [f for f in RELAXED_FIELDS
+            if f in values and values[f] != ParallelPlan.model_fields[f].default]

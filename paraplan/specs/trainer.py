@@ -14,19 +14,14 @@ profile twice changes nothing) always wins over the profile.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from paraplan.specs.base import StrictModel
 from paraplan.specs.model import ModelFeature, ModelSpec
-from paraplan.specs.plan import ParallelPlan, Recompute, Schedule
+from paraplan.specs.plan import ParallelPlan, Recompute, Schedule, relaxed_knobs
 from paraplan.specs.training import MAX_BUCKET_ELEMENTS, Precision, TrainingSpec
-
-RELAXED_FIELDS = ("dp_sync_interval", "grad_compression", "grad_compression_ratio",
-                  "activation_compression_bits", "pseudo_grad_bits")
-"""Plan fields of relaxed synchronization (local SGD, compression) no pinned trainer config
-expresses; a profile allows them with ``can.relaxed_sync``."""
 
 
 class TrainerCan(StrictModel):
@@ -153,6 +148,10 @@ class TrainerRuns(StrictModel):
     """Metrics it runs on each micro-batch's logits (``TrainingSpec.logit_metric_passes``)."""
     zero2_regather: bool = False
     """ZeRO-2 re-gathers parameters every micro-batch (``TrainingSpec.zero2_regather``)."""
+    ddp_autocast: bool = False
+    """Its DDP (zero 0) runs autocast over fp32 parameters (``TrainingSpec.ddp_autocast``)."""
+    ddp_sync_every_microbatch: bool = False
+    """Its DDP syncs every micro-batch (``TrainingSpec.ddp_sync_every_microbatch``)."""
     zero1_grad_all_reduce: bool | Literal["bf16"] = False
     """ZeRO-1 all-reduces gradients in full (``TrainingSpec.zero1_grad_all_reduce``);
     ``bf16``: when training in bf16 (DeepSpeed's BF16 optimizer)."""
@@ -323,12 +322,6 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     return out
 
 
-def relaxed_knobs(values: dict[str, Any]) -> list[str]:
-    """The relaxed-synchronization fields among plan ``values`` set away from their defaults."""
-    return [f for f in RELAXED_FIELDS
-            if f in values and values[f] != ParallelPlan.model_fields[f].default]
-
-
 def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPlan
                   ) -> tuple[TrainingSpec, ParallelPlan]:
     """The (training, plan) ``trainer`` runs: its run facts, except fields the user set."""
@@ -359,6 +352,8 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
              "pp_grad_sync": runs.pp_grad_sync,
              "zero2_regather": runs.zero2_regather, "moe_dispatcher": runs.moe_dispatcher,
+             "ddp_autocast": runs.ddp_autocast,
+             "ddp_sync_every_microbatch": runs.ddp_sync_every_microbatch,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap, "moe_host_sync_s": runs.moe_host_sync_s,
              "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",

@@ -111,6 +111,16 @@ class TrainingSpec(StrictModel):
     adds each new 16-bit gradient into the buffer: read both, write one), ``fp32_add``
     (DeepSpeed's BF16 optimizer: after every backward, ``hp_grad.add_(lp.grad.to(fp32))`` adds
     the 16-bit gradients into fp32 ones in a pass of its own); None: as ``kernels``."""
+    ddp_autocast: bool = False
+    """Replicated data parallelism (zero_stage 0) runs ``torch.autocast`` over fp32 parameters
+    and PyTorch DDP's reducer (composer's ``amp_bf16``; torchtitan's ``maybe_enable_amp`` for
+    DDP): every forward casts each weight to the compute dtype and the backward casts its
+    gradient back, micro-batches after the first add into the fp32 ``.grad``, and every sync
+    copies the gradients into DDP's buckets and back (``gradient_as_bucket_view=False``):
+    ``simulator.copies.ddp_autocast_bytes_per_param``."""
+    ddp_sync_every_microbatch: bool = False
+    """Replicated data parallelism all-reduces every micro-batch's gradients (no ``no_sync``:
+    torchtitan's train loop) instead of only the last one's (composer's SINGLE_AUTO_SYNC)."""
     zero2_regather: bool = False
     """ZeRO-2 gathers the parameters again for every micro-batch: PyTorch FSDP with
     ``reshard_after_forward=False`` still reshards after each backward (FSDP2

@@ -77,6 +77,8 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     chains = pp_grad_chains(ctx.training, plan)
     if chains:  # pipelined stages under FSDP: their gradient chains wait in full
         return (chains * grads + exposed(params)) / plan.dp_sync_interval
+    if plan.zero_stage == 0 and ctx.training.ddp_sync_every_microbatch:  # DDP, no no_sync
+        return rep.extra["num_microbatches"] * exposed(grads + params) / plan.dp_sync_interval
     return exposed(grads + params) / plan.dp_sync_interval
 
 

@@ -18,6 +18,7 @@ from paraplan.search.space.stage_classes import (
 )
 from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import Device
+from paraplan.simulator.copies import ddp_autocast_bytes_per_param
 from paraplan.simulator.dp_sync import chains_per_step
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
@@ -275,6 +276,8 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         # ZeRO-2 with m > 1: a reduce-scatter every micro-batch (simulator.step).
         z2m = (z == 2) & (m > 1)
         dpt = np.where(z2m, (m - 1) * exposed(g_part) + exposed(sync), exposed(sync))
+        if training.ddp_sync_every_microbatch:  # DDP without no_sync (simulator.step)
+            dpt = np.where(z == 0, m * exposed(sync), dpt)
         chains = chains_per_step(training, p)  # dp_sync.pp_grad_chains (ZeRO-3 masked below)
         if chains:
             dpt = np.where(z >= 1, chains * g_part + exposed(p_part), dpt)
@@ -283,6 +286,9 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
         opt = (dense0 / shard + exp0 / eshard) * ctx.opt_coef
         # FSDP copies every micro-batch (simulator.copies.fsdp_copy_bytes_per_param).
         copies = np.where(need, m * (dense0 + exp0) * ctx.fsdp_coef[z], 0.0)
+        if training.ddp_autocast:  # copies.ddp_autocast_bytes_per_param, zero 0 only
+            copies = copies + np.where(z == 0, (dense0 + exp0) * ddp_autocast_bytes_per_param(
+                training, m, cp * dp > 1) / ctx.dev.memory_Bps, 0.0)
         return dp_time, zero3, opt, copies
 
     dp_time, zero3, opt, copies = tail(crit)

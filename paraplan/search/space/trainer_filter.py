@@ -13,12 +13,8 @@ from paraplan.search.space.fix import RECOMPUTES
 from paraplan.simulator.pipeline import SCHEDULES
 from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
-from paraplan.specs.trainer import (
-    TrainerSpec,
-    missing_features,
-    optimizer_state_reasons,
-    relaxed_knobs,
-)
+from paraplan.specs.plan import relaxed_knobs
+from paraplan.specs.trainer import TrainerSpec, missing_features, optimizer_state_reasons
 from paraplan.specs.training import TrainingSpec
 
 
