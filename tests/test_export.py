@@ -31,19 +31,21 @@ from tests.test_cli import CMD
 KEYS = Path(__file__).parent / "data" / "trainer_keys"
 
 # (name, model, cluster, nodes, global batch, seq, plan): the issue's three plans (dense 70B
-# with interleaving, MoE with EP, uneven pipeline split) and a plain plan every trainer takes.
+# with interleaving, MoE with EP, uneven pipeline split) and a plain plan every trainer takes
+# (sharded optimizer states: torchtitan runs DDP only alone and mixed precision with TP/PP only
+# under FSDP).
 PLANS = {
     "dense70b-interleaved": ("llama3-70b", "dgx-h100", 32, 1024, 8192,
-                             "tp=8,pp=4,vpp=5,schedule=interleaved,sp=1,rc=full,mbs=1"),
+                             "tp=8,pp=4,vpp=5,schedule=interleaved,sp=1,rc=full,mbs=1,zero=1"),
     "moe-ep": ("mixtral-8x7b", "dgx-h100", 4, 256, 4096,
                "tp=2,pp=1,ep=8,zero=3,sp=1,mbs=1,rc=full"),
     "moe-ep-pp": ("mixtral-8x7b", "dgx-h100", 4, 256, 4096,
                   "tp=2,pp=2,ep=8,zero=1,sp=1,mbs=1,rc=full"),
     "uneven-first-last": ("llama2-7b", "dgx-a100-80gb", 3, 96, 4096,
-                          "tp=2,pp=4,mbs=1,layers=7/9/9/7,rc=full"),
+                          "tp=2,pp=4,mbs=1,layers=7/9/9/7,rc=full,zero=1"),
     "uneven-layout": ("llama2-7b", "dgx-a100-80gb", 3, 96, 4096,
-                      "tp=2,pp=3,mbs=1,layers=10/11/11,rc=full"),
-    "plain": ("llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,pp=2,mbs=1,rc=full"),
+                      "tp=2,pp=3,mbs=1,layers=10/11/11,rc=full,zero=1"),
+    "plain": ("llama3-8b", "dgx-h100", 2, 128, 4096, "tp=2,pp=2,mbs=1,rc=full,zero=1"),
 }
 # What each trainer must accept (the rest must be refused with a named field).
 ACCEPTS = {
@@ -281,7 +283,7 @@ PLAIN_ARGS = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2",
 
 def test_cli_export_every_format_and_plan_json_roundtrip(tmp_path: Path) -> None:
     js = tmp_path / "plan.json"
-    res = run("export", "tp=2,pp=2,mbs=1,rc=full", "--to", "json", "--out", str(js),
+    res = run("export", "tp=2,pp=2,mbs=1,rc=full,zero=1", "--to", "json", "--out", str(js),
               *PLAIN_ARGS)
     assert res.returncode == 0, res.stderr
     doc = json.loads(js.read_text())
@@ -407,7 +409,7 @@ def test_identity_placement_is_rank_order_and_exports():
     refused."""
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
     t = TrainingSpec(global_batch_size=64, seq_len=4096)
-    plan = parse_plan("tp=2,pp=2,dp=4,mbs=1")
+    plan = parse_plan("tp=2,pp=2,dp=4,mbs=1,zero=1")
     same = plan.model_copy(update={"placement": list(range(16))})
     moved = plan.model_copy(update={"placement": [1, 0] + list(range(2, 16))})
     assert same.rank_order and plan.rank_order and not moved.rank_order
@@ -433,7 +435,8 @@ def test_a_16_bit_optimizer_state_is_written_or_refused_by_name(fmt) -> None:
         flags = megatron_flags(export_text(fmt, moments))
         assert flags["--exp-avg-dtype"] == ["bf16"] and flags["--exp-avg-sq-dtype"] == ["bf16"]
         assert "--use-precision-aware-optimizer" in flags
-        no_dist = type(ctx)(ctx.model, moments.training, ctx.plan, ctx.world_size)
+        no_dist = type(ctx)(ctx.model, moments.training,
+                            ctx.plan.model_copy(update={"zero_stage": 0}), ctx.world_size)
         with pytest.raises(ExportError, match="zero_stage=1"):
             export_text(fmt, no_dist)
     else:

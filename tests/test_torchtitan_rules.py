@@ -56,3 +56,19 @@ def test_the_search_mask_agrees_and_best_returns_runnable_plans():
                     and max(p["tp"], p["pp"], p["cp"]) > 1)
         assert not (max(p["tp"], p["pp"]) > 1 and p["cp"] == 1
                     and not (p["zero_stage"] >= 1 and rep.extra["dp"] > 1))
+
+
+@pytest.mark.parametrize("plan,model,field", [
+    ("tp=4,dp=8,zero=0,sp=1,mbs=1", "llama3-8b", "plan.zero_stage"),
+    ("tp=2,pp=2,zero=1,sp=1,mbs=1", "gpt3-13b", "plan.pp"),  # tied embeddings
+    ("tp=8,dp=1,pp=4,zero=1,sp=1,mbs=1", "llama3-8b", "training.precision"),
+])
+def test_export_refuses_what_torchtitan_cannot_run(plan, model, field):
+    from paraplan.export import ExportError, export_context, export_text
+
+    cluster = load_cluster("dgx-a100-80gb", nodes=4)
+    tr = TrainingSpec(global_batch_size=256, seq_len=2048)
+    ctx = export_context(load_model(model), tr, parse_plan(plan), cluster=cluster)
+    with pytest.raises(ExportError) as err:
+        export_text("torchtitan", ctx)
+    assert err.value.field == field

@@ -164,6 +164,17 @@ def _check(ctx: ExportContext) -> None:
     m, t, p = ctx.model, ctx.training, ctx.plan
     refuse_relaxed_sync(ctx.plan, TRAINER)
     refuse_optimizer_state(ctx.training, TRAINER)
+    if p.pp > 1 and m.tie_word_embeddings:
+        raise refuse("pp", p.pp, TRAINER, "torchtitan raises NotImplementedError for weight "
+                     "tying with pipeline parallelism; use pp=1 or an untied model")
+    if p.zero_stage == 0 and ctx.plan.dp > 1 and max(p.tp, p.pp, p.cp) > 1:
+        raise refuse("zero_stage", 0, TRAINER, "torchtitan's DDP runs alone ('DDP has not "
+                     "supported > 1D parallelism'); shard with FSDP (zero_stage >= 1)")
+    if t.precision != "fp32" and max(p.tp, p.pp) > 1 and not (
+            p.cp > 1 or (p.zero_stage >= 1 and ctx.plan.dp > 1)):
+        raise refuse("training.precision", t.precision, TRAINER, "with tp or pp torchtitan "
+                     "trains in mixed precision only under FSDP (zero_stage >= 1 over dp > 1, "
+                     "or cp > 1); otherwise in fp32")
     if p.zero_stage == 1 and p.pp == 1:
         raise refuse("zero_stage", 1, TRAINER, "torchtitan shards with FSDP2: zero_stage=3, or "
                      "2 (fsdp_reshard_after_forward = never), or 0 for DDP")
