@@ -85,3 +85,45 @@ def test_torchtitan_refuses_pipelining_a_tied_model() -> None:
     assert any("word embedding" in reason for reason in why)
     ok_m, _ = trainer_mask(space.cols, megatron, tied, TRAIN)
     assert (ok_m & (space.cols["pp"] > 1)).any()
+
+
+def test_mtp_modules_keep_an_embedding_copy_on_the_last_stage() -> None:
+    """Megatron-Core builds the word embedding on the stage that runs the MTP modules
+    (``pre_process or mtp_process``) and reduces its gradient with the first stage's even when
+    the output layer is untied: DeepSeek-V3 with pp > 1 holds the copy (memory) and pays the
+    all-reduce (time), simulate and the evaluator alike."""
+    from paraplan.simulator.memory import params_per_stage
+
+    dsv3 = load_model("deepseek-v3")
+    assert dsv3.num_mtp_layers and not dsv3.tie_word_embeddings and dsv3.embedding_on_last_stage
+    without = dsv3.model_copy(update={"num_mtp_layers": 0})
+    assert not without.embedding_on_last_stage
+    plan = parse_plan("tp=2,pp=4,ep=8,zero=1,sp=1,mbs=1")
+    layers = [16, 15, 15, 15]
+    copy = dsv3.vocab_size * dsv3.hidden_size / 2
+    with_mtp, _ = params_per_stage(dsv3, plan, layers, 3)
+    bare, _ = params_per_stage(without, plan, layers, 3)
+    assert with_mtp - bare == pytest.approx(dsv3.mtp_dense_params / 2 + copy)
+    cluster = load_cluster("dgx-h100", nodes=32)
+    assert tied_embedding_sync(cluster.topology, dsv3, TRAIN, plan, span=64) > 0
+    assert tied_embedding_sync(cluster.topology, without, TRAIN, plan, span=64) == 0
+
+
+def test_evaluator_prices_the_mtp_embedding_all_reduce_as_simulate() -> None:
+    base = load_model("deepseek-moe-16b")
+    model = base.model_copy(update={"num_mtp_layers": 1})
+    assert model.embedding_on_last_stage
+    cluster = load_cluster("dgx-h100", nodes=4)
+    tr = TrainingSpec(global_batch_size=128, seq_len=4096)
+    space = build_space(model, cluster, tr, options=SpaceOptions(max_micro_batch=1))
+    ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
+    c = space.cols
+    rng = np.random.default_rng(9)
+    rows = [i for i in rng.permutation(len(space)).tolist()
+            if c["pp"][i] > 1 and not c["uneven"][i]][:15]
+    assert len(rows) == 15
+    for i in rows:
+        rep = simulate(model, cluster, tr, space.plan(i), time_if_oom=True)
+        assert rep.extra["tied_embedding_s"] > 0
+        assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
+        assert ev.peak_gib[i] == pytest.approx(rep.memory_gb["peak"], rel=1e-6)

@@ -105,9 +105,10 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
 def tied_embedding_sync(topo: Topology, model: ModelSpec, training: TrainingSpec,
                         plan: ParallelPlan, span: int,
                         placement: tuple[int, ...] | None = None) -> float:
-    """Seconds a pipelined step waits to all-reduce the gradient of a word embedding tied to
-    the output layer (0 when untied or pp = 1): the first stage holds the embedding, the
-    last its copy as the LM head, and after the backward (and the data-parallel reduction)
+    """Seconds a pipelined step waits to all-reduce the gradient of a word embedding whose
+    copy sits on the last stage (``ModelSpec.embedding_on_last_stage``: tied to the output
+    layer, or MTP's input embedding; 0 otherwise or with pp = 1): the first stage holds the
+    embedding, the last its copy, and after the backward (and the data-parallel reduction)
     every trainer sums the two copies' gradients before the optimizer step, with nothing
     to hide it: Megatron-Core ``finalize_model_grads`` runs ``finish_grad_sync``, then
     ``_allreduce_word_embedding_grads`` on ``main_grad`` (megatron/core/distributed/
@@ -118,7 +119,7 @@ def tied_embedding_sync(topo: Topology, model: ModelSpec, training: TrainingSpec
     rows of its TP shard, in the gradient buffer's dtype (fp32 where the trainer reduces or
     accumulates in fp32, ``training.grad_reduce_fp32`` / ``grad_accumulation`` fp32_add;
     compression knobs do not apply: it is not a data-parallel reduction)."""
-    if not model.tie_word_embeddings or plan.pp <= 1:
+    if not model.embedding_on_last_stage or plan.pp <= 1:
         return 0.0
     return coll.tied_embedding_all_reduce(topo, span, plan.pp,
                                           tied_embedding_bytes(model, training, plan.tp),

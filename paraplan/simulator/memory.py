@@ -206,10 +206,10 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
 
     Dense weights are split by TP; expert weights by EP x expert-TP. The first stage holds the
     word embedding (and learned positions), the last the LM head and final norm; with tied
-    embeddings and pp > 1 the last stage keeps its own copy (Megatron's shared-embedding
-    all-reduce). Layer index ranges follow ``layers`` (layers per stage) unless
-    ``moe_layers`` gives each stage's MoE layer count (interleaved ranks hold chunks that are
-    not contiguous).
+    embeddings or MTP modules and pp > 1 the last stage keeps its own copy of the word
+    embedding (``ModelSpec.embedding_on_last_stage``; Megatron's shared-embedding all-reduce).
+    Layer index ranges follow ``layers`` (layers per stage) unless ``moe_layers`` gives each
+    stage's MoE layer count (interleaved ranks hold chunks that are not contiguous).
     """
     n = layers[stage]
     if moe_layers is not None:
@@ -226,7 +226,7 @@ def params_per_stage(model: ModelSpec, plan: ParallelPlan, layers: list[int], st
         dense += model.embedding_params
     if stage == len(layers) - 1:
         head = model.lm_head_params
-        if model.tie_word_embeddings and len(layers) > 1:
+        if model.embedding_on_last_stage and len(layers) > 1:  # the tied head, or MTP's input
             head += model.vocab_size * model.hidden_size
         dense += head + model.mtp_dense_params
         experts += model.mtp_expert_params

@@ -294,6 +294,16 @@ class ModelSpec(StrictModel):
         head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         return head + final_norm
 
+    @property
+    def embedding_on_last_stage(self) -> bool:
+        """With pp > 1 the last pipeline stage holds its own copy of the word embedding, whose
+        gradient the two ends sum every step: as the tied LM head, or as the multi-token-
+        prediction modules' input embedding (Megatron-Core gpt_model.py builds the embedding
+        where ``pre_process or mtp_process``; finalize_model_grads.py
+        ``_get_shared_word_embedding_weight`` reduces it when the weights are shared or
+        ``mtp_num_layers`` is set)."""
+        return self.tie_word_embeddings or self.num_mtp_layers > 0
+
     @cached_property
     def mtp_params(self) -> int:
         """Multi-token-prediction modules (DeepSeek-V3 sec 2.2): per module one MoE block, the

@@ -90,7 +90,7 @@ def comm_tables(space: PlanSpace, edp: np.ndarray, rows: np.ndarray) -> CommTabl
     t_p2p = np.where(pp_ > 1, np.max(lines_of[:, :, 0] + (act_bytes / tp_)[:, None]
                                      / lines_of[:, :, 1], axis=1), 0.0)
     t_tied = np.zeros(len(rows))
-    if model.tie_word_embeddings:  # the slowest first-to-last pair of each (span, pp)
+    if model.embedding_on_last_stage:  # the slowest first-to-last pair of each (span, pp)
         tk, tinv2 = key_index([dp_ * tp_ * cp_, pp_])
         tied_lines = _line_table([tied_embedding_lines(topo, int(span), int(p_))
                                   if int(p_) > 1 and int(span) * int(p_) <= cluster.num_gpus

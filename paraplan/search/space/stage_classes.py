@@ -72,7 +72,7 @@ def stage_param_rows(model, st: Stages, p: int) -> tuple[np.ndarray, np.ndarray]
     (to divide by tp) and expert parameters (to divide by ep * etp)."""
     shared = model.moe_layer_shared_params if model.is_moe else 0.0
     head_params = model.lm_head_params + (model.vocab_size * model.hidden_size
-                                          if model.tie_word_embeddings and p > 1 else 0) \
+                                          if model.embedding_on_last_stage and p > 1 else 0) \
         + model.mtp_dense_params
     dense = (st.ndense * model.dense_layer_params + st.nmoe * shared
              + st.first * model.embedding_params + st.last * head_params)
