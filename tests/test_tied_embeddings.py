@@ -49,23 +49,33 @@ def test_tied_embedding_all_reduce_by_hand() -> None:
     assert tied_embedding_sync(cluster.topology, untied, TRAIN, plan, span=8) == 0.0
 
 
-def test_evaluator_prices_the_tied_embedding_all_reduce_as_simulate() -> None:
-    """The search evaluator's step and pp_comm are simulate's on pipelined plans of a tied
-    model (1F1B and interleaved, any ZeRO stage)."""
-    model, cluster = load_model("gpt3-13b"), load_cluster("dgx-a100-80gb", nodes=4)
-    tr = TrainingSpec(global_batch_size=128, seq_len=2048)
-    space = build_space(model, cluster, tr, options=SpaceOptions(max_micro_batch=2))
+@pytest.mark.parametrize("name,cluster_name,seq,mtp,mbs,count", [
+    ("gpt3-13b", "dgx-a100-80gb", 2048, 0, 2, 30),       # tied
+    ("deepseek-moe-16b", "dgx-h100", 4096, 1, 1, 15),    # untied, with an MTP module
+])
+def test_evaluator_prices_the_embedding_all_reduce_as_simulate(name, cluster_name, seq, mtp,
+                                                                mbs, count) -> None:
+    """The search evaluator's step, pp_comm and peak memory are simulate's on pipelined plans
+    of a model whose last stage holds an embedding copy (1F1B and interleaved, any ZeRO)."""
+    model = load_model(name)
+    if mtp:
+        model = model.model_copy(update={"num_mtp_layers": mtp})
+    assert model.embedding_on_last_stage
+    cluster = load_cluster(cluster_name, nodes=4)
+    tr = TrainingSpec(global_batch_size=128, seq_len=seq)
+    space = build_space(model, cluster, tr, options=SpaceOptions(max_micro_batch=mbs))
     ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
     c = space.cols
     rng = np.random.default_rng(5)
     rows = [i for i in rng.permutation(len(space)).tolist()
-            if c["pp"][i] > 1 and not c["uneven"][i]][:30]
-    assert len(rows) == 30
+            if c["pp"][i] > 1 and not c["uneven"][i]][:count]
+    assert len(rows) == count
     for i in rows:
         rep = simulate(model, cluster, tr, space.plan(i), time_if_oom=True)
+        assert rep.extra["tied_embedding_s"] > 0
         assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
-        assert ev.time["pp_comm"][i] == pytest.approx(rep.time_s["pp_comm"], rel=1e-6,
-                                                      abs=1e-12)
+        assert ev.time["pp_comm"][i] == pytest.approx(rep.time_s["pp_comm"], rel=1e-6)
+        assert ev.peak_gib[i] == pytest.approx(rep.memory_gb["peak"], rel=1e-6)
 
 
 def test_torchtitan_refuses_pipelining_a_tied_model() -> None:
@@ -107,23 +117,3 @@ def test_mtp_modules_keep_an_embedding_copy_on_the_last_stage() -> None:
     cluster = load_cluster("dgx-h100", nodes=32)
     assert tied_embedding_sync(cluster.topology, dsv3, TRAIN, plan, span=64) > 0
     assert tied_embedding_sync(cluster.topology, without, TRAIN, plan, span=64) == 0
-
-
-def test_evaluator_prices_the_mtp_embedding_all_reduce_as_simulate() -> None:
-    base = load_model("deepseek-moe-16b")
-    model = base.model_copy(update={"num_mtp_layers": 1})
-    assert model.embedding_on_last_stage
-    cluster = load_cluster("dgx-h100", nodes=4)
-    tr = TrainingSpec(global_batch_size=128, seq_len=4096)
-    space = build_space(model, cluster, tr, options=SpaceOptions(max_micro_batch=1))
-    ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
-    c = space.cols
-    rng = np.random.default_rng(9)
-    rows = [i for i in rng.permutation(len(space)).tolist()
-            if c["pp"][i] > 1 and not c["uneven"][i]][:15]
-    assert len(rows) == 15
-    for i in rows:
-        rep = simulate(model, cluster, tr, space.plan(i), time_if_oom=True)
-        assert rep.extra["tied_embedding_s"] > 0
-        assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
-        assert ev.peak_gib[i] == pytest.approx(rep.memory_gb["peak"], rel=1e-6)
