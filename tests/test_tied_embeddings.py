@@ -117,3 +117,15 @@ def test_mtp_modules_keep_an_embedding_copy_on_the_last_stage() -> None:
     cluster = load_cluster("dgx-h100", nodes=32)
     assert tied_embedding_sync(cluster.topology, dsv3, TRAIN, plan, span=64) > 0
     assert tied_embedding_sync(cluster.topology, without, TRAIN, plan, span=64) == 0
+
+
+def test_simulate_names_the_embedding_all_reduce() -> None:
+    from tests.test_cli import run
+
+    args = ("--model", "gpt3-13b", "--cluster", "dgx-a100-80gb", "--nodes", "4",
+            "--global-batch", "128", "--seq-len", "2048")
+    res = run("simulate", *args, "--plan", "tp=2,pp=4,dp=4,zero=1,sp=1,mbs=1")
+    assert res.returncode == 0, res.stderr
+    assert "of which embedding all-reduce" in res.stdout
+    flat = run("simulate", *args, "--plan", "tp=2,pp=1,dp=16,zero=1,sp=1,mbs=1")
+    assert flat.returncode == 0 and "embedding all-reduce" not in flat.stdout

@@ -49,6 +49,10 @@ def print_report(out: Console, report: dict[str, Any], title: str) -> None:
         val = report["time_s"][key]
         if val > 0 or key == "compute":
             times.add_row(key, _fmt_s(val), f"{100 * val / total:.1f}%")
+        tied = report.get("tied_embedding_s") or 0.0
+        if key == "pp_comm" and tied > 0:  # part of pp_comm: the ends sum the embedding grads
+            times.add_row("  of which embedding all-reduce", _fmt_s(tied),
+                          f"{100 * tied / total:.1f}%")
     out.print(times)
     mem = Table(title="memory per GPU (worst stage, GiB)", title_justify="left")
     for key in ("weights", "grads", "optimizer", "activations", "other", "peak"):
