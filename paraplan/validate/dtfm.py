@@ -52,7 +52,11 @@ def reproduce(scenarios: list[str] | None = None, *, seed: int = 0,
     from paraplan.specs.training import TrainingSpec
 
     say = progress or (lambda _msg: None)
-    model = load_model("gpt3-xl")
+    # DT-FM's GPT stages end in a GLUE classification head (DS3Lab/Decentralized_FM_alpha
+    # modules/dist_gpt_pp_module.py: GPTStageLast._create_last_layer -> GlueClassification),
+    # so no output layer is tied to the embedding and no stage pair sums its gradients;
+    # the LM head paraplan's GPT-3 XL keeps is a documented over-count (README, DT-FM).
+    model = load_model("gpt3-xl").model_copy(update={"tie_word_embeddings": False})
     training = TrainingSpec(global_batch_size=1024, seq_len=2048, precision="fp16")
     rows = []
     for ref in dtfm_reference():
