@@ -25,6 +25,7 @@ MODEL = load_model("llama3-8b")
     ("dp=8,zero=0", False, False),               # plain DDP: autocast
     ("tp=4,dp=2,zero=3,sp=1", False, False),     # FSDP over dp > 1
     ("tp=2,dp=1,cp=4,zero=3,sp=1", False, False),  # FSDP over the CP ranks
+    ("dp=2,cp=4,zero=0", True, False),            # CP shards with FSDP: not DDP
     ("tp=2,pp=2,dp=2,zero=1,sp=1", False, False),  # FSDP under pipelining
 ])
 def test_torchtitan_reasons(plan, ddp, fp32):

@@ -167,9 +167,10 @@ def _check(ctx: ExportContext) -> None:
     if p.pp > 1 and m.tie_word_embeddings:
         raise refuse("pp", p.pp, TRAINER, "torchtitan raises NotImplementedError for weight "
                      "tying with pipeline parallelism; use pp=1 or an untied model")
-    if p.zero_stage == 0 and ctx.plan.dp > 1 and max(p.tp, p.pp, p.cp) > 1:
+    if p.zero_stage == 0 and (p.cp > 1 or (ctx.plan.dp > 1 and max(p.tp, p.pp) > 1)):
         raise refuse("zero_stage", 0, TRAINER, "torchtitan's DDP runs alone ('DDP has not "
-                     "supported > 1D parallelism'); shard with FSDP (zero_stage >= 1)")
+                     "supported > 1D parallelism') and with cp > 1 it applies FSDP over the "
+                     "CP ranks; shard with FSDP (zero_stage >= 1)")
     if t.precision != "fp32" and max(p.tp, p.pp) > 1 and not (
             p.cp > 1 or (p.zero_stage >= 1 and ctx.plan.dp > 1)):
         raise refuse("training.precision", t.precision, TRAINER, "with tp or pp torchtitan "

@@ -92,7 +92,7 @@ class TrainerCan(StrictModel):
     tied_embeddings_with_pp: bool = True
     """A word embedding tied to the output layer with pp > 1 (torchtitan refuses it)."""
     ddp_only_alone: bool = False
-    """Replicated data parallelism (zero_stage 0 over dp > 1) only with no tp, pp or cp."""
+    """Replicated data parallelism (zero 0 over dp > 1) only alone; with cp > 1 it shards."""
     mixed_precision_needs_fsdp: bool = False
     """bf16/fp8 with tp or pp > 1 only under FSDP (zero >= 1 over dp > 1, or cp > 1); else fp32."""
 
@@ -216,9 +216,10 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     can, who, out = trainer.can, trainer.label, []
     p = plan
     dp = p.dp if p.dp is not None else dp
-    if can.ddp_only_alone and p.zero_stage == 0 and (dp or 1) > 1 and max(p.tp, p.pp, p.cp) > 1:
-        out.append(f"{who} runs replicated data parallelism (zero_stage=0, dp={dp}) only "
-                   "without tp, pp or cp; shard it (zero_stage >= 1)")
+    if can.ddp_only_alone and p.zero_stage == 0 and (p.cp > 1 or (
+            (dp or 1) > 1 and max(p.tp, p.pp) > 1)):
+        out.append(f"{who} runs replicated data parallelism (zero_stage=0) only without tp, "
+                   "pp or cp (with cp it shards over the CP ranks); use zero_stage >= 1")
     if can.mixed_precision_needs_fsdp and training.precision != "fp32" and max(p.tp, p.pp) > 1 \
             and dp is not None and not (p.cp > 1 or (p.zero_stage >= 1 and dp > 1)):
         out.append(f"{who} trains {training.precision} with tp or pp only under FSDP (zero_stage "

@@ -111,7 +111,8 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
         (f"{who} cannot pipeline a model whose word embedding is its output layer",
          piped & model.tie_word_embeddings & (not can.tied_embeddings_with_pp)),
         (f"{who} runs replicated data parallelism only without tp, pp or cp",
-         (zero == 0) & (cols["dp"] > 1) & ((tp > 1) | piped | (cp > 1)) & can.ddp_only_alone),
+         (zero == 0) & ((cp > 1) | ((cols["dp"] > 1) & ((tp > 1) | piped)))
+         & can.ddp_only_alone),
         (f"{who} trains in mixed precision with tp or pp only under FSDP",
          ((tp > 1) | piped) & ~((cp > 1) | ((zero >= 1) & (cols["dp"] > 1)))
          & can.mixed_precision_needs_fsdp
