@@ -44,12 +44,12 @@ def print_report(out: Console, report: dict[str, Any], title: str) -> None:
     times.add_column("time", justify="right")
     times.add_column("share", justify="right")
     total = report["step_time_s"]
+    tied = report.get("tied_embedding_s") or 0.0
     for key in ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "bubble", "dp_comm",
                 "optimizer"):
         val = report["time_s"][key]
         if val > 0 or key == "compute":
             times.add_row(key, _fmt_s(val), f"{100 * val / total:.1f}%")
-        tied = report.get("tied_embedding_s") or 0.0
         if key == "pp_comm" and tied > 0:  # part of pp_comm: the ends sum the embedding grads
             times.add_row("  of which embedding all-reduce", _fmt_s(tied),
                           f"{100 * tied / total:.1f}%")

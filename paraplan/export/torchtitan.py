@@ -42,6 +42,7 @@ from paraplan.specs.loaders import load_trainer
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.trainer import trainer_training
 from paraplan.specs.trainer_names import TORCHTITAN_ROTATE_METHODS
+from paraplan.specs.trainer_rules import ddp_beside_others, mixed_precision_off
 
 TRAINER = "torchtitan"
 FLOAT8_CONVERTER = "quantize.linear.float8"
@@ -167,12 +168,11 @@ def _check(ctx: ExportContext) -> None:
     if p.pp > 1 and m.tie_word_embeddings:
         raise refuse("pp", p.pp, TRAINER, "torchtitan raises NotImplementedError for weight "
                      "tying with pipeline parallelism; use pp=1 or an untied model")
-    if p.zero_stage == 0 and (p.cp > 1 or (ctx.plan.dp > 1 and max(p.tp, p.pp) > 1)):
+    if ddp_beside_others(p.zero_stage, p.dp, p.tp, p.pp, p.cp):
         raise refuse("zero_stage", 0, TRAINER, "torchtitan's DDP runs alone ('DDP has not "
                      "supported > 1D parallelism') and with cp > 1 it applies FSDP over the "
                      "CP ranks; shard with FSDP (zero_stage >= 1)")
-    if t.precision != "fp32" and max(p.tp, p.pp) > 1 and not (
-            p.cp > 1 or (p.zero_stage >= 1 and ctx.plan.dp > 1)):
+    if t.precision != "fp32" and mixed_precision_off(p.zero_stage, p.dp, p.tp, p.pp, p.cp):
         raise refuse("training.precision", t.precision, TRAINER, "with tp or pp torchtitan "
                      "trains in mixed precision only under FSDP (zero_stage >= 1 over dp > 1, "
                      "or cp > 1); otherwise in fp32")

@@ -271,12 +271,12 @@ def pipeline_p2p(topology: Topology, span: int, stages: int, stride: int, nbytes
 
 def tied_embedding_lines(topology: Topology, span: int, stages: int,
                          placement: Sequence[int] | None = None) -> list[tuple[float, float]]:
-    """Distinct (latency s, bandwidth bytes/s) of the pairs that all-reduce a tied word
-    embedding's gradient: rank ``i`` of the first stage with rank ``i`` of the last, for
-    every ``i`` of a stage's ``span`` ranks at once (Megatron's embedding group holds one
-    rank of each end of a pipeline: megatron/core/parallel_state.py ``embedding_ranks``);
-    empty for a single stage. Ranks sit on the GPUs of the same index, or on
-    ``placement[rank]``."""
+    """Distinct (latency s, bandwidth bytes/s) of the pairs that all-reduce the gradient of a
+    word embedding with a copy on the last stage (tied, or MTP's): rank ``i`` of the first
+    stage with rank ``i`` of the last, for every ``i`` of a stage's ``span`` ranks at once
+    (Megatron's embedding group holds one rank of each end of a pipeline:
+    megatron/core/parallel_state.py ``embedding_ranks``); empty for a single stage. Ranks
+    sit on the GPUs of the same index, or on ``placement[rank]``."""
     if stages <= 1:
         return []
     src = np.arange(span, dtype=np.int64)
@@ -290,7 +290,7 @@ def tied_embedding_lines(topology: Topology, span: int, stages: int,
 
 def tied_embedding_all_reduce(topology: Topology, span: int, stages: int, nbytes: float,
                               placement: Sequence[int] | None = None) -> float:
-    """Seconds of the tied-embedding gradient all-reduce of ``nbytes`` per rank
+    """Seconds of the embedding-gradient all-reduce of ``nbytes`` per rank
     (``tied_embedding_lines``): a ring of two, 2 alpha + S / B (each rank sends half the
     buffer in the reduce-scatter and half in the all-gather), on the slowest pair."""
     if nbytes <= 0:

@@ -21,6 +21,7 @@ from pydantic import Field
 from paraplan.specs.base import StrictModel
 from paraplan.specs.model import ModelFeature, ModelSpec
 from paraplan.specs.plan import ParallelPlan, Recompute, Schedule, relaxed_knobs
+from paraplan.specs.trainer_rules import ddp_beside_others, mixed_precision_off
 from paraplan.specs.training import MAX_BUCKET_ELEMENTS, Precision, TrainingSpec
 
 
@@ -216,12 +217,11 @@ def trainer_reasons(trainer: TrainerSpec, model: ModelSpec, training: TrainingSp
     can, who, out = trainer.can, trainer.label, []
     p = plan
     dp = p.dp if p.dp is not None else dp
-    if can.ddp_only_alone and p.zero_stage == 0 and (p.cp > 1 or (
-            (dp or 1) > 1 and max(p.tp, p.pp) > 1)):
+    if can.ddp_only_alone and ddp_beside_others(p.zero_stage, dp or 1, p.tp, p.pp, p.cp):
         out.append(f"{who} runs replicated data parallelism (zero_stage=0) only without tp, "
                    "pp or cp (with cp it shards over the CP ranks); use zero_stage >= 1")
-    if can.mixed_precision_needs_fsdp and training.precision != "fp32" and max(p.tp, p.pp) > 1 \
-            and dp is not None and not (p.cp > 1 or (p.zero_stage >= 1 and dp > 1)):
+    if can.mixed_precision_needs_fsdp and training.precision != "fp32" and dp is not None \
+            and mixed_precision_off(p.zero_stage, dp, p.tp, p.pp, p.cp):
         out.append(f"{who} trains {training.precision} with tp or pp only under FSDP (zero_stage "
                    ">= 1 over dp > 1, or cp > 1); otherwise in fp32")
     if p.tp > 1 and not can.tensor_parallel:

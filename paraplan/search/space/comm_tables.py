@@ -44,8 +44,8 @@ class CommTables:
     grad_bytes: np.ndarray
     """Gradient bytes per element on the wire (``simulator.compression``)."""
     t_tied: np.ndarray
-    """Seconds of the tied-embedding gradient all-reduce between the pipeline's ends
-    (``dp_sync.tied_embedding_sync``; 0 when untied or without PP)."""
+    """Seconds of the word-embedding gradient all-reduce between the pipeline's ends
+    (``dp_sync.tied_embedding_sync``; 0 without a last-stage copy or without PP)."""
 
     def pos(self, idx: np.ndarray) -> np.ndarray:
         """Entries of the plans ``idx`` (each one of ``rows``) in the arrays above."""

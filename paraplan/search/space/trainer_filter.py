@@ -15,6 +15,7 @@ from paraplan.specs.errors import SpecError
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import relaxed_knobs
 from paraplan.specs.trainer import TrainerSpec, missing_features, optimizer_state_reasons
+from paraplan.specs.trainer_rules import ddp_beside_others, mixed_precision_off
 from paraplan.specs.training import TrainingSpec
 
 
@@ -111,11 +112,9 @@ def trainer_mask(cols: dict[str, np.ndarray], trainer: TrainerSpec, model: Model
         (f"{who} cannot pipeline a model whose word embedding is its output layer",
          piped & model.tie_word_embeddings & (not can.tied_embeddings_with_pp)),
         (f"{who} runs replicated data parallelism only without tp, pp or cp",
-         (zero == 0) & ((cp > 1) | ((cols["dp"] > 1) & ((tp > 1) | piped)))
-         & can.ddp_only_alone),
+         ddp_beside_others(zero, cols["dp"], tp, pp, cp) & can.ddp_only_alone),
         (f"{who} trains in mixed precision with tp or pp only under FSDP",
-         ((tp > 1) | piped) & ~((cp > 1) | ((zero >= 1) & (cols["dp"] > 1)))
-         & can.mixed_precision_needs_fsdp
+         mixed_precision_off(zero, cols["dp"], tp, pp, cp) & can.mixed_precision_needs_fsdp
          & (training is not None and training.precision != "fp32")),
         (f"{who} does not set expert parallelism in its config",
          (ep > 1) & (not can.expert_parallel)),
