@@ -431,11 +431,13 @@ def test_the_ilp_answer_is_no_slower_than_its_adjacent_stage_swaps():
     assert check_candidates_against_simulate(result) >= 1
 
 
-@pytest.mark.parametrize("sync", ["overlapped", "after_schedule", "cascade"])
-def test_union_dp_time_with_one_type_is_what_simulate_charges(sync):
+@pytest.mark.parametrize("sync,zero", [("overlapped", 1), ("after_schedule", 1),
+                                       ("cascade", 1), ("overlapped", 2)])
+def test_union_dp_time_with_one_type_is_what_simulate_charges(sync, zero):
     """The data formulation's DP rule on one type's own data-parallel ranks is simulate's,
     including pipelined stages whose FSDP gradient chains wait in full
-    (``TrainingSpec.pp_grad_sync``)."""
+    (``TrainingSpec.pp_grad_sync``) and ZeRO-2's reduce-scatter of every micro-batch's
+    gradients (8 micro-batches here)."""
     from paraplan.search.ilp.context import Ctx, _GpuType
     from paraplan.search.ilp.data_ilp import _union_dp_time
     from paraplan.search.ilp.results import DataGroup
@@ -443,8 +445,9 @@ def test_union_dp_time_with_one_type_is_what_simulate_charges(sync):
     cluster = load_cluster("dgx-h100", nodes=2)
     model = load_model("llama2-7b")
     training = TrainingSpec(global_batch_size=32, seq_len=2048, pp_grad_sync=sync)
-    plan = ParallelPlan(tp=2, pp=2, dp=4, zero_stage=1, micro_batch_size=1)
+    plan = ParallelPlan(tp=2, pp=2, dp=4, zero_stage=zero, micro_batch_size=1)
     rep = simulate(model, cluster, training, plan)
+    assert rep.extra["num_microbatches"] == 8
     gpu = cluster.gpu
     ctx = Ctx(model=model, cluster=cluster, training=training, constants={},
               types={gpu.name: _GpuType(gpu.name, gpu, 16, 8, 0)})
@@ -452,3 +455,19 @@ def test_union_dp_time_with_one_type_is_what_simulate_charges(sync):
     union = tuple(2 * i for i in range(4))  # stage 0's data-parallel ranks (tp fastest)
     assert _union_dp_time(ctx, group, cluster, union) == pytest.approx(
         rep.time_s["dp_comm"], rel=1e-9)
+
+
+@pytest.mark.parametrize("regather", [False, True])
+def test_data_formulation_keeps_zero2_only_where_its_union_rule_prices_it(mixed, regather):
+    """The data formulation prices DeepSpeed-style ZeRO-2 (a reduce-scatter per micro-batch)
+    across types, but not FSDP's per-layer gathers: where ZeRO-2 re-gathers every micro-batch
+    (``TrainingSpec.zero2_regather``, FSDP's SHARD_GRAD_OP) it offers ZeRO-1 only (the default
+    zero_stages offer no ZeRO-0)."""
+    from paraplan.search.ilp.choices import enumerate_choices
+    from paraplan.search.ilp.context import make_context
+
+    training = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16",
+                            zero2_regather=regather)
+    ctx = make_context(load_model("gpt3-2.7b"), mixed, training, {})
+    stages = {ch.zero for ch in enumerate_choices(ctx, {}) if ch.formulation == "data"}
+    assert stages == ({1} if regather else {1, 2})

@@ -159,9 +159,11 @@ def enumerate_choices(ctx: Ctx, fix: dict[str, Any]) -> list[Choice]:
                         if fix.get("dp") is not None and fix["dp"] > replicas:
                             continue
                         for rc in rcs:
-                            # ZeRO-3's per-micro-batch gathers are not re-priced across
-                            # types (see _union_dp_time), so replicas use ZeRO <= 2.
-                            for z in [z for z in zero_stages(fix, 2) if z < 3]:
+                            # FSDP's per-layer, per-micro-batch gathers (ZeRO-3; ZeRO-2
+                            # where it re-gathers every micro-batch) are not re-priced
+                            # across types (see _union_dp_time): replicas use the others.
+                            fsdp = 2 if ctx.training.zero2_regather else 3
+                            for z in [z for z in zero_stages(fix, 2) if z < fsdp]:
                                 out.append(Choice("data", tp, 0, pp, cp, mbs, rc, z, sp,
                                                   extra))
     return out

@@ -51,9 +51,12 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     together and ``group`` finishes its backward last (seconds): ``simulate``'s own rule
     (``dp_sync.grad_sync_parts``: DDP buckets of max(40M, 1M x dp) elements over the
     data-parallel ranks of stage 0, overlapped with the first stage's backward of one
-    micro-batch, NCCL slowing the overlapped compute) applied to ``union``, the stage-0
-    data-parallel ranks of all types on ``cluster``. With one type it is exactly what
-    ``simulate`` charges."""
+    micro-batch, NCCL slowing the overlapped compute; ZeRO-2 reduce-scatters every
+    micro-batch's gradients, DDP without ``no_sync`` all-reduces them) applied to ``union``,
+    the stage-0 data-parallel ranks of all types on ``cluster``. With one type it is exactly
+    what ``simulate`` charges. FSDP's per-layer gathers (ZeRO-3, and ZeRO-2 where
+    ``TrainingSpec.zero2_regather``) are not re-priced here: ``choices`` leaves them out of
+    the data formulation."""
     rep, plan = group.report, group.plan
     if len(union) < 2:
         return 0.0
@@ -77,8 +80,11 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     chains = pp_grad_chains(ctx.training, plan)
     if chains:  # pipelined stages under FSDP: their gradient chains wait in full
         return (chains * grads + exposed(params)) / plan.dp_sync_interval
+    m = int(rep.extra["num_microbatches"])
+    if plan.zero_stage == 2 and m > 1:  # sharded gradients: a reduce-scatter per micro-batch
+        return ((m - 1) * exposed(grads) + exposed(grads + params)) / plan.dp_sync_interval
     if plan.zero_stage == 0 and ctx.training.ddp_sync_every_microbatch:  # DDP, no no_sync
-        return rep.extra["num_microbatches"] * exposed(grads + params) / plan.dp_sync_interval
+        return m * exposed(grads + params) / plan.dp_sync_interval
     return exposed(grads + params) / plan.dp_sync_interval
 
 
