@@ -32,13 +32,21 @@ def test_ilp_and_dp_match_or_beat_the_exhaustive_optimum(model, cluster, nodes, 
     # stages' layer counts, which the 1F1B timeline is not (the ILP re-times adjacent swaps
     # of its answer), so they agree to the order effect, not to rounding (gpt3-760m on 4
     # p3.16xlarge: DP [6, 7, 7, 4] 0.8015 s, ILP [7, 7, 6, 4] 0.7993 s).
+    # The ILP may also leave GPUs idle (on 4 p3.16xlarge over 25 Gb/s, one node of FSDP
+    # beats every plan whose TP quads or pipeline cross the slow links): then it may beat
+    # the others, which use every GPU, and its report is simulate's on the GPUs it uses.
+    used = int(ilp.extra.get("num_gpus", c.num_gpus))
     assert dp.step_time_s <= ex.step_time_s * (1 + 1e-9)
     assert ilp.step_time_s <= ex.step_time_s * (1 + 1e-9)
-    assert ilp.step_time_s == pytest.approx(dp.step_time_s, rel=5e-3)
-    if ex.plan["pp"] == 1 and dp.plan["pp"] == 1:  # nothing to split: the same optimum
-        assert ilp.step_time_s == pytest.approx(ex.step_time_s, rel=1e-12)
-    for rep in (ex, dp, ilp):  # every reported number is simulate's own
-        again = simulate(m, c, tr, ParallelPlan(**rep.plan))
+    if used == c.num_gpus:
+        assert ilp.step_time_s == pytest.approx(dp.step_time_s, rel=5e-3)
+    else:
+        assert ilp.step_time_s <= dp.step_time_s
+    if ex.plan["pp"] == 1 and dp.plan["pp"] == 1 and used == c.num_gpus:
+        assert ilp.step_time_s == pytest.approx(ex.step_time_s, rel=1e-12)  # the same optimum
+    gpn = c.node_groups[0].gpus_per_node
+    for rep, cl in ((ex, c), (dp, c), (ilp, load_cluster(cluster, nodes=used // gpn))):
+        again = simulate(m, cl, tr, ParallelPlan(**rep.plan))  # simulate's own numbers
         assert again.step_time_s == pytest.approx(rep.step_time_s, rel=1e-12)
 
 

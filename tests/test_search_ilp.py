@@ -417,7 +417,7 @@ def test_the_ilp_answer_is_no_slower_than_its_adjacent_stage_swaps():
     m = load_model("gpt3-760m")
     c = load_cluster("aws-p3.16xlarge", nodes=4)
     tr = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
-    best = search(m, c, tr, searcher="ilp", top=1, fix="schedule=1f1b,vpp=1").best
+    best = search(m, c, tr, searcher="ilp", top=1, fix="schedule=1f1b,vpp=1,pp=4").best
     plan = ParallelPlan(**best.plan)
     layers = list(plan.layers_per_stage or [])
     assert len(layers) > 2 and len(set(layers)) > 1  # an uneven split with something to swap

@@ -60,6 +60,9 @@ CASES = (
     ("llama2-13b", "dgx-h100", 4, 128, 4096, {"pp_grad_sync": "cascade",
                                               "grad_accumulation": "eager",
                                               "grad_reduce_fp32": True}),
+    # A switchless node (the p3.16xlarge's NVLink hybrid cube mesh): TP pairs on one link,
+    # quads on four, data-parallel rings across the 25 Gb/s network
+    ("gpt3-xl", "aws-p3.16xlarge", 2, 64, 2048, {"precision": "fp16"}),
     # A power-capped GPU with eager kernels (the loss follows them)
     ("llama3-8b", str(Path(__file__).parent / "data" / "capped-h100.yaml"), 2, 64, 4096,
      {"kernels": "eager"}),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from paraplan.specs.base import StrictModel
+from paraplan.specs.mesh import check_peer_matrix
 
 if TYPE_CHECKING:
     from paraplan.specs.topology import Topology
@@ -330,6 +331,13 @@ class NodeGroup(StrictModel):
     """One NIC port leaving the node."""
     nics_per_node: int = Field(default=1, gt=0, le=1024)
     region: str = "default"
+    peer_bandwidth_GBps: list[list[float]] | None = None
+    """A node without a switch (DGX-1's NVLink hybrid cube mesh, AMD's xGMI full mesh): the
+    one-direction GB/s of the direct links between each pair of its GPUs (gpus_per_node x
+    gpus_per_node, symmetric, 0 on the diagonal and where no link joins a pair). A ring
+    collective over some of a node's GPUs can only use the links between them, so it runs at
+    the least member's bandwidth to the other members (``specs.mesh``), at most the
+    ``intra_node_link``'s. None: a switch gives any group of the node the full link."""
 
     @model_validator(mode="after")
     def _intra(self) -> NodeGroup:
@@ -337,6 +345,8 @@ class NodeGroup(StrictModel):
             raise ValueError(
                 f"intra_node_link is required when gpus_per_node={self.gpus_per_node} > 1"
             )
+        if self.peer_bandwidth_GBps is not None:
+            check_peer_matrix(self.peer_bandwidth_GBps, self.gpus_per_node)
         return self
 
     @property

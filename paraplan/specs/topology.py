@@ -1,3 +1,4 @@
+# longer than 400 lines: one Topology class answers every tier's pair, ring and hierarchy costs.
 """Topology of a cluster: who is connected to whom, how fast, and collective bottlenecks.
 
 GPUs are numbered 0..N-1 node by node, group by group (the order of ``node_groups``). Three
@@ -9,6 +10,9 @@ tiers separate two GPUs:
   or the cluster's fixed ``intra_region_link`` per GPU pair (DT-FM's simulation model);
 * ``inter_region``: the WAN link of the region pair (per GPU pair, DT-FM convention), capped by
   the NIC share.
+
+Inside a switchless node (``NodeGroup.peer_bandwidth_GBps``) a ring collective gets only the
+links between its members there (``specs.mesh``); point-to-point sends keep the node's link.
 
 Lookups are O(1) per pair and O(n) for a group (numpy over the group); nothing is quadratic in
 the cluster size, so 16,384 GPUs are cheap. ``to_networkx()`` builds the explicit graph (GPUs,
@@ -26,6 +30,7 @@ import networkx as nx
 import numpy as np
 
 from paraplan.specs.errors import SpecError
+from paraplan.specs.mesh import mesh_capped, peer_matrices
 
 if TYPE_CHECKING:  # annotations only: ClusterSpec builds its Topology (cluster -> topology)
     from paraplan.specs.cluster import ClusterSpec
@@ -135,6 +140,8 @@ class Topology:
              for g in groups]
         )
         self._nic_lat = np.array([g.inter_node_link.latency_s for g in groups])
+        self._peer = peer_matrices(groups)  # switchless nodes' links (specs.mesh)
+        self._node_first = np.searchsorted(self.node_of_gpu, np.arange(node_group.size))
 
         r = len(regions)
         self._wan_bw = np.full((r, r), np.inf)
@@ -292,6 +299,7 @@ class Topology:
         k = np.array([per_node[int(x)] for x in self.node_of_gpu[arr]], dtype=float)
         nxt = np.roll(arr, -1)
         bw, lat, tier = self._pairs(arr, nxt, shared=True, k_per_node=k)
+        bw = mesh_capped(self, arr, nxt, bw)
         worst = int(np.argmin(bw))
         return RingCost(n, float(bw[worst]), float(lat.mean()), TIERS[int(tier.max())],
                         int(nodes.size), k_max, float(lat.max()))

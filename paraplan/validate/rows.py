@@ -41,6 +41,7 @@ from paraplan.specs import (
     load_cluster,
 )
 from paraplan.specs.loaders import cluster_from_dict, load_gpu, load_trainer
+from paraplan.specs.mesh import sub_mesh
 from paraplan.specs.trainer import TrainerSpec, apply_trainer, run_kernels
 from paraplan.validate.conventions import (
     SOURCES,
@@ -211,7 +212,9 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
         # A scale-up domain the row states (DGX-GB200 runs use 64 of a rack's 72 GPUs as one
         # NVLink domain), with the preset's NICs per GPU.
         nics = max(1, round(group.nics_per_node * gpn / group.gpus_per_node))
-        group = group.model_copy(update={"gpus_per_node": gpn, "nics_per_node": nics})
+        group = group.model_copy(update={"gpus_per_node": gpn, "nics_per_node": nics,
+                                         "peer_bandwidth_GBps": sub_mesh(
+                                             group.peer_bandwidth_GBps, 0, gpn)})
         s.notes.append(f"{gpn} GPUs per scale-up domain (the row's)")
     group = group.model_copy(update={"num_nodes": nodes})
     if "hbm2e" in cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
@@ -224,7 +227,9 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
         group = group.model_copy(update={"gpu": gpu})
         s.notes.append(f"{gpu.name} memory set to the row's {mem} GB ({cell(row, 'gpu_type')})")
     if num_gpus < group.gpus_per_node:
-        group = group.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1})
+        group = group.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1,
+                                         "peer_bandwidth_GBps": sub_mesh(
+                                             group.peer_bandwidth_GBps, 0, num_gpus)})
     return cluster.model_copy(update={"node_groups": [group]})
 
 

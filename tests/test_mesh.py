@@ -1,0 +1,109 @@
+"""Switchless nodes (NodeGroup.peer_bandwidth_GBps): a ring collective over some of a node's
+GPUs gets only the links between them (specs.mesh), checked by hand against the DGX-1 hybrid
+cube mesh and AMD's xGMI full mesh."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan import ParallelPlan, TrainingSpec, load_cluster, load_model, simulate
+from paraplan.simulator import collectives as coll
+from paraplan.specs.loaders import cluster_from_dict
+from paraplan.specs.mesh import subset_ring_GBps
+
+
+@pytest.mark.parametrize("group,links", [((0, 1), 1), ((2, 3), 2), ((0, 1, 2, 3), 4),
+                                         ((4, 5, 6, 7), 4), (tuple(range(8)), 6)])
+def test_dgx1_rings_get_the_links_between_their_members(group, links):
+    """nvidia-smi topo -m on a DGX-1: GPU0-1 share one NVLink, GPU2-3 two; in the quad
+    GPU0-3 the least-linked member has four links to the others; all eight use six. Each
+    link is 25 GB/s one way, at the nvlink2 profile's 0.78 efficiency."""
+    topo = load_cluster("aws-p3.16xlarge").topology
+    assert topo.ring(group).bandwidth_GBps == pytest.approx(links * 25 * 0.78)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_mi300x_groups_get_one_xgmi_link_per_peer(k):
+    """A k-GPU group of MI300X's full mesh gets (k - 1) links of 64 GB/s at the xgmi3
+    profile's 0.7: 44.8 GB/s on two GPUs (stas00's all_reduce_bench: 47.7 busbw) and 313.6
+    on eight (measured 312.9)."""
+    topo = load_cluster("mi300x-oam").topology
+    assert topo.ring(tuple(range(k))).bandwidth_GBps == pytest.approx((k - 1) * 64 * 0.7)
+
+
+def test_a_switched_node_gives_every_group_the_full_link():
+    topo = load_cluster("dgx-h100").topology
+    assert topo.ring((0, 1)).bandwidth_GBps == topo.ring(tuple(range(8))).bandwidth_GBps
+
+
+def test_a_pairs_all_reduce_on_one_nvlink_by_hand():
+    """Ring all-reduce of S bytes on two GPUs: 2 (n-1)/n S / B + 2 (n-1) alpha, with B one
+    NVLink 2 link (25 GB/s x 0.78) and alpha 5 us."""
+    topo = load_cluster("aws-p3.16xlarge").topology
+    nbytes = 64e6
+    expected = 2 * 0.5 * nbytes / (25 * 0.78 * 1e9) + 2 * 5e-6
+    assert coll.group_collective(topo, (0, 1), "all_reduce", nbytes) == pytest.approx(expected)
+
+
+def test_tensor_parallel_pairs_on_a_hybrid_cube_mesh_cost_more_than_on_a_switch():
+    """tp=2 groups (0,1), (2,3), ... : the pair on one link paces the step; without the
+    peer matrix the same node would give them all six links."""
+    model = load_model("gpt3-xl")
+    training = TrainingSpec(global_batch_size=64, seq_len=2048, precision="fp16")
+    plan = ParallelPlan(tp=2, pp=1, dp=4, micro_batch_size=4, zero_stage=1)
+    mesh = load_cluster("aws-p3.16xlarge")
+    group = mesh.node_groups[0].model_copy(update={"peer_bandwidth_GBps": None})
+    switch = mesh.model_copy(update={"node_groups": [group]})
+    tp_mesh = simulate(model, mesh, training, plan).time_s["tp_comm"]
+    tp_switch = simulate(model, switch, training, plan).time_s["tp_comm"]
+    assert tp_switch > 0
+    assert tp_mesh > 4 * tp_switch  # 6 links' bandwidth against 1 (latency is shared)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 16), k=st.integers(2, 16), v=st.floats(1.0, 1000.0))
+def test_a_uniform_full_mesh_gives_k_members_k_minus_1_links(n, k, v):
+    k = min(k, n)
+    peer = np.full((n, n), v)
+    np.fill_diagonal(peer, 0.0)
+    rng = np.random.default_rng(n * 31 + k)
+    local = np.sort(rng.choice(n, size=k, replace=False))
+    assert subset_ring_GBps(peer, local) == pytest.approx((k - 1) * v)
+
+
+def _cluster(matrix):
+    return {"name": "mesh", "node": {"gpu": "v100-sxm2-16gb", "gpus_per_node": 2,
+                                     "intra_node_link": "nvlink2", "inter_node_link": "eth-25g",
+                                     "peer_bandwidth_GBps": matrix}}
+
+
+@pytest.mark.parametrize("matrix,words", [
+    ([[0, 25]], "2 x 2"),
+    ([[0, 25], [50, 0]], "differs"),
+    ([[5, 25], [25, 0]], "must be 0"),
+    ([[0, -1], [-1, 0]], ">= 0"),
+    ([[0, 0], [0, 0]], "all zero"),
+    ([[0, float("nan")], [float("nan"), 0]], "finite"),
+])
+def test_bad_peer_matrices_are_refused_naming_the_field(matrix, words):
+    with pytest.raises(Exception) as err:
+        cluster_from_dict(_cluster(matrix))
+    assert "peer_bandwidth_GBps" in str(err.value) and words in str(err.value)
+
+
+def test_cli_refuses_a_bad_peer_matrix_in_one_line(tmp_path):
+    bad = tmp_path / "mesh.yaml"
+    bad.write_text("name: mesh\nnode:\n  gpu: v100-sxm2-16gb\n  gpus_per_node: 2\n"
+                   "  intra_node_link: nvlink2\n  inter_node_link: eth-25g\n"
+                   "  peer_bandwidth_GBps: [[0, 25], [50, 0]]\n")
+    out = subprocess.run([sys.executable, "-m", "paraplan", "describe", "--cluster", str(bad)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "peer_bandwidth_GBps" in out.stderr + out.stdout
