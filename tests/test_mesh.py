@@ -107,3 +107,36 @@ def test_cli_refuses_a_bad_peer_matrix_in_one_line(tmp_path):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "peer_bandwidth_GBps" in out.stderr + out.stdout
+
+
+def test_sends_between_two_gpus_use_their_direct_links():
+    """Pipeline sends and other point-to-point traffic cross the pair's own links: one
+    NVLink between GPU0 and GPU1 of a DGX-1, two between GPU2 and GPU3; a pair with no
+    NVLink (GPU3-GPU4, ``SYS``) keeps the node's figure (its PCIe path is not priced)."""
+    topo = load_cluster("aws-p3.16xlarge").topology
+    assert topo.pair(0, 1).bandwidth_GBps == pytest.approx(25 * 0.78)
+    assert topo.pair(2, 3).bandwidth_GBps == pytest.approx(50 * 0.78)
+    assert topo.pair(3, 4).bandwidth_GBps == pytest.approx(150 * 0.78)
+    [(latency_s, bandwidth)] = topo.stage_boundaries(1, 2)  # stage 0 on GPU0 sends to GPU1
+    assert bandwidth == pytest.approx(25 * 0.78) and latency_s == pytest.approx(5e-6)
+
+
+def test_all_to_all_on_a_full_mesh_moves_each_share_over_its_own_link():
+    """MI300X: each peer's share crosses its own 64 GB/s link at once, so four GPUs take as
+    long as eight for the same share (the slowest link paces it), where a switch would
+    serialize the shares through the GPU's one port. Over all eight both views agree."""
+    topo = load_cluster("mi300x-oam").topology
+    nbytes = 64e6
+    link = 64 * 0.7 * 1e9
+    four = coll.pairwise_all_to_all(topo, (0, 1, 2, 3), nbytes)
+    eight = coll.pairwise_all_to_all(topo, tuple(range(8)), nbytes)
+    assert four == pytest.approx(nbytes / 4 / link + 8e-6)
+    assert eight == pytest.approx(nbytes / 8 / link + 8e-6)
+    assert eight == pytest.approx(7 * nbytes / 8 / (448 * 0.7 * 1e9) + 8e-6)
+
+
+def test_the_explicit_graph_carries_the_direct_links():
+    topo = load_cluster("aws-p3.16xlarge").topology
+    assert topo.graph_path_bandwidth(0, 1) == pytest.approx(topo.pair(0, 1, shared=False)
+                                                            .bandwidth_GBps)
+    assert topo.graph.has_edge("gpu:2", "gpu:3") and not topo.graph.has_edge("gpu:3", "gpu:4")

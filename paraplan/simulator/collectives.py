@@ -183,14 +183,18 @@ def _a2a_lines_of(topology: Topology):
         same = node[:, None] == node[None, :]
         other = ~np.eye(n, dtype=bool)
         per_byte = 1.0 / (bw * 1e9 * kind_efficiency(topology, "all_to_all"))  # 0 on diagonal
+        # In a switchless node each peer has links of its own (``specs.mesh``): the shares
+        # move in parallel, so the slowest peer paces the scale-up tier, not their sum.
+        mesh = np.array([topology.mesh_node(int(g)) for g in members])
         out = []
-        for tier in (same & other, ~same):
+        for i, tier in enumerate((same & other, ~same)):
             rows = tier.any(axis=1)
             if not rows.any():
                 out.append([])
                 continue
-            beta = (np.where(tier, per_byte, 0.0).max(axis=1) if slowest_peer
-                    else np.where(tier, per_byte, 0.0).sum(axis=1))[rows]
+            each = np.where(tier, per_byte, 0.0)
+            parallel = slowest_peer or (mesh if i == 0 else False)
+            beta = np.where(parallel, each.max(axis=1), each.sum(axis=1))[rows]
             alpha = np.where(tier, lat, 0.0).max(axis=1)[rows]
             out.append(sorted({(float(a), float(b)) for a, b in zip(alpha, beta, strict=True)}))
         return tuple(out)

@@ -85,8 +85,9 @@ def peer_matrices(groups: Sequence[NodeGroup]) -> list[np.ndarray | None]:
 def mesh_capped(topology: Topology, arr: np.ndarray, nxt: np.ndarray,
                 bw: np.ndarray) -> np.ndarray:
     """``bw`` (GB/s of the ring edges ``arr[i] -> nxt[i]``) with the edges inside a
-    switchless node cut to what the links between the group's members there carry
-    (``subset_ring_GBps``, at most the node's scale-up link)."""
+    switchless node set to what the links between the group's members there carry
+    (``subset_ring_GBps``, at most the node's scale-up link): NCCL's rings spread over all
+    of them, not only the direct link between ring neighbours."""
     if all(p is None for p in topology._peer):
         return bw
     node = topology.node_of_gpu[arr]
@@ -102,6 +103,25 @@ def mesh_capped(topology: Topology, arr: np.ndarray, nxt: np.ndarray,
         key = (g, local.tobytes())
         if key not in rates:
             rates[key] = min(subset_ring_GBps(peer, local), float(topology._intra_bw[g]))
-        edges = inside & (node == n)
-        out[edges] = np.minimum(out[edges], rates[key])
+        out[inside & (node == n)] = rates[key]
+    return out
+
+
+def mesh_pairs(topology: Topology, a: np.ndarray, b: np.ndarray, same_node: np.ndarray,
+               bw: np.ndarray) -> np.ndarray:
+    """``bw`` (GB/s of the sends ``a[i] -> b[i]``) with the sends between two GPUs of a
+    switchless node at their direct links' bandwidth. A pair with no direct link (DGX-1's
+    ``SYS`` pairs) keeps the node's link figure, as through a switch: NCCL's path through
+    PCIe and the host is slower and not priced (optimistic, noted in the README)."""
+    if all(p is None for p in topology._peer):
+        return bw
+    out = bw.copy()
+    group = topology.group_of_gpu[a]
+    for g, peer in enumerate(topology._peer):
+        sel = same_node & (group == g) & (a != b) if peer is not None else None
+        if sel is None or not sel.any():
+            continue
+        first = topology._node_first[topology.node_of_gpu[a[sel]]]
+        direct = peer[a[sel] - first, b[sel] - first]
+        out[sel] = np.where(direct > 0, direct, out[sel])
     return out

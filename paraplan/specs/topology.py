@@ -11,8 +11,8 @@ tiers separate two GPUs:
 * ``inter_region``: the WAN link of the region pair (per GPU pair, DT-FM convention), capped by
   the NIC share.
 
-Inside a switchless node (``NodeGroup.peer_bandwidth_GBps``) a ring collective gets only the
-links between its members there (``specs.mesh``); point-to-point sends keep the node's link.
+Inside a switchless node (``NodeGroup.peer_bandwidth_GBps``) a send between two GPUs moves over
+their direct links and a ring collective over the links between its members (``specs.mesh``).
 
 Lookups are O(1) per pair and O(n) for a group (numpy over the group); nothing is quadratic in
 the cluster size, so 16,384 GPUs are cheap. ``to_networkx()`` builds the explicit graph (GPUs,
@@ -30,7 +30,7 @@ import networkx as nx
 import numpy as np
 
 from paraplan.specs.errors import SpecError
-from paraplan.specs.mesh import mesh_capped, peer_matrices
+from paraplan.specs.mesh import mesh_capped, mesh_pairs, peer_matrices
 
 if TYPE_CHECKING:  # annotations only: ClusterSpec builds its Topology (cluster -> topology)
     from paraplan.specs.cluster import ClusterSpec
@@ -192,7 +192,8 @@ class Topology:
         wan_bw = np.minimum(fabric_bw, self._wan_bw[ra, rb])
         wan_lat = self._wan_lat[ra, rb]
 
-        bw = np.where(same_node, intra_bw, np.where(same_region, fabric_bw, wan_bw))
+        bw = np.where(same_node, mesh_pairs(self, a, b, same_node, intra_bw),
+                      np.where(same_region, fabric_bw, wan_bw))
         lat = np.where(
             same_node,
             np.maximum(self._intra_lat[ga], self._intra_lat[gb]),
@@ -304,6 +305,10 @@ class Topology:
         return RingCost(n, float(bw[worst]), float(lat.mean()), TIERS[int(tier.max())],
                         int(nodes.size), k_max, float(lat.max()))
 
+    def mesh_node(self, gpu: int) -> bool:
+        """Whether ``gpu``'s node is switchless (``NodeGroup.peer_bandwidth_GBps``)."""
+        return self._peer[int(self.group_of_gpu[gpu])] is not None
+
     def p2p_ring(self, group: Sequence[int]) -> RingCost:
         """Bottleneck of a ring of point-to-point sends, each rank to the next (context
         parallelism's ring attention: TransformerEngine's ``cp_comm_type="p2p"`` passes K/V with
@@ -384,6 +389,12 @@ class Topology:
                         latency_s=link.latency_s / 2 if link else 0.0,
                     )
                     gpu += 1
+                peer = self._peer[gi]
+                for i, j in zip(*np.nonzero(np.triu(peer)) if peer is not None else ((), ()),
+                                strict=True):  # a switchless node's direct links
+                    g.add_edge(f"gpu:{gpu - group.gpus_per_node + i}",
+                               f"gpu:{gpu - group.gpus_per_node + j}",
+                               bandwidth_GBps=float(peer[i, j]), latency_s=link.latency_s)
                 for j in range(group.nics_per_node):
                     nic = f"nic:{node}:{j}"
                     nic_link = group.inter_node_link
