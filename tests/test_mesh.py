@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from paraplan import ParallelPlan, TrainingSpec, load_cluster, load_model, simulate
@@ -140,3 +140,17 @@ def test_the_explicit_graph_carries_the_direct_links():
     assert topo.graph_path_bandwidth(0, 1) == pytest.approx(topo.pair(0, 1, shared=False)
                                                             .bandwidth_GBps)
     assert topo.graph.has_edge("gpu:2", "gpu:3") and not topo.graph.has_edge("gpu:3", "gpu:4")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 15), min_size=2, max_size=16, unique=True))
+@example([3, 4])
+def test_any_group_of_a_hybrid_cube_mesh_gets_a_positive_finite_ring(group):
+    """Placements (the evolutionary searcher's) can form groups whose members share no NVLink
+    (GPUs 3 and 4 of a DGX-1): their rings keep the node's figure, never 0 or inf, and a
+    collective over them costs a finite time."""
+    topo = load_cluster("aws-p3.16xlarge", nodes=2).topology
+    ring = topo.ring(tuple(group))
+    assert 0 < ring.bandwidth_GBps < float("inf")
+    t = coll.group_collective(topo, tuple(group), "all_reduce", 1e6)
+    assert 0 < t < float("inf")

@@ -185,7 +185,7 @@ def _a2a_lines_of(topology: Topology):
         per_byte = 1.0 / (bw * 1e9 * kind_efficiency(topology, "all_to_all"))  # 0 on diagonal
         # In a switchless node each peer has links of its own (``specs.mesh``): the shares
         # move in parallel, so the slowest peer paces the scale-up tier, not their sum.
-        mesh = np.array([topology.mesh_node(int(g)) for g in members])
+        mesh = topology.on_mesh(members)
         out = []
         for i, tier in enumerate((same & other, ~same)):
             rows = tier.any(axis=1)

@@ -102,7 +102,11 @@ def mesh_capped(topology: Topology, arr: np.ndarray, nxt: np.ndarray,
         local = arr[node == n] - topology._node_first[n]
         key = (g, local.tobytes())
         if key not in rates:
-            rates[key] = min(subset_ring_GBps(peer, local), float(topology._intra_bw[g]))
+            # A member with no link to the others (DGX-1's SYS pairs, e.g. GPUs 3 and 4) has
+            # no NVLink ring: its PCIe path is not priced, the node's figure stands in.
+            rate = subset_ring_GBps(peer, local)
+            intra = float(topology._intra_bw[g])
+            rates[key] = min(rate, intra) if rate > 0 else intra
         out[inside & (node == n)] = rates[key]
     return out
 

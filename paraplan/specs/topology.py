@@ -305,9 +305,9 @@ class Topology:
         return RingCost(n, float(bw[worst]), float(lat.mean()), TIERS[int(tier.max())],
                         int(nodes.size), k_max, float(lat.max()))
 
-    def mesh_node(self, gpu: int) -> bool:
-        """Whether ``gpu``'s node is switchless (``NodeGroup.peer_bandwidth_GBps``)."""
-        return self._peer[int(self.group_of_gpu[gpu])] is not None
+    def on_mesh(self, gpus: np.ndarray) -> np.ndarray:
+        """For each GPU, whether its node is switchless (``NodeGroup.peer_bandwidth_GBps``)."""
+        return np.array([p is not None for p in self._peer])[self.group_of_gpu[gpus]]
 
     def p2p_ring(self, group: Sequence[int]) -> RingCost:
         """Bottleneck of a ring of point-to-point sends, each rank to the next (context
