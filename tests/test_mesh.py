@@ -4,6 +4,7 @@ cube mesh and AMD's xGMI full mesh."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -154,3 +155,12 @@ def test_any_group_of_a_hybrid_cube_mesh_gets_a_positive_finite_ring(group):
     assert 0 < ring.bandwidth_GBps < float("inf")
     t = coll.group_collective(topo, tuple(group), "all_reduce", 1e6)
     assert 0 < t < float("inf")
+
+
+def test_describe_shows_the_direct_links():
+    out = subprocess.run([sys.executable, "-m", "paraplan", "describe", "--cluster",
+                          "mi300x-oam", "--format", "json"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0
+    group = json.loads(out.stdout)["node_groups"][0]
+    assert group["peer_bandwidth_GBps"][0] == [0, 64, 64, 64, 64, 64, 64, 64]

@@ -532,6 +532,7 @@ class ClusterSpec(StrictModel):
                     "intra_node_bandwidth_GBps": (
                         g.intra_node_link.bandwidth_GBps if g.intra_node_link else None
                     ),
+                    "peer_bandwidth_GBps": g.peer_bandwidth_GBps,  # None: a switch
                     "inter_node_link": g.inter_node_link.name,
                     "nics_per_node": g.nics_per_node,
                     "nic_bandwidth_per_gpu_GBps": round(g.nic_bandwidth_per_gpu_GBps, 4),
