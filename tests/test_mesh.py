@@ -164,3 +164,23 @@ def test_describe_shows_the_direct_links():
     assert out.returncode == 0
     group = json.loads(out.stdout)["node_groups"][0]
     assert group["peer_bandwidth_GBps"][0] == [0, 64, 64, 64, 64, 64, 64, 64]
+
+
+def test_expert_parallel_plans_on_a_full_mesh_agree_between_evaluator_and_simulate():
+    """The vectorized search prices the all-to-all and the TP rings of a switchless node as
+    simulate does: Mixtral 8x7B on two MI300X nodes, every plan with ep 2 or 4 (part of a
+    node: one link per peer) and a sample of the rest."""
+    from paraplan.search.space import SpaceOptions, build_space, evaluate_space
+
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("mi300x-oam", nodes=2)
+    training = TrainingSpec(global_batch_size=64, seq_len=4096)
+    space = build_space(model, cluster, training, options=SpaceOptions(max_micro_batch=2))
+    ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)
+    picks = [i for i in range(len(space)) if space.plan(i).ep in (2, 4)
+             and not space.cols["uneven"][i]][::7][:12]
+    assert picks
+    for i in picks:
+        rep = simulate(model, cluster, training, space.plan(i), time_if_oom=True)
+        assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
+        assert ev.time["ep_comm"][i] == pytest.approx(rep.time_s["ep_comm"], rel=1e-6,
+                                                      abs=1e-9 * rep.step_time_s)
