@@ -113,11 +113,13 @@ def test_cli_refuses_a_bad_peer_matrix_in_one_line(tmp_path):
 def test_sends_between_two_gpus_use_their_direct_links():
     """Pipeline sends and other point-to-point traffic cross the pair's own links: one
     NVLink between GPU0 and GPU1 of a DGX-1, two between GPU2 and GPU3; a pair with no
-    NVLink (GPU3-GPU4, ``SYS``) keeps the node's figure (its PCIe path is not priced)."""
+    NVLink (GPU3-GPU4, ``SYS``) crosses the host's PCIe Gen3 x16 (``host_link``: 15.75 GB/s
+    at the pcie3 profile's 0.83, GPUInspector's 13.0 GB/s V100 host copy)."""
     topo = load_cluster("aws-p3.16xlarge").topology
     assert topo.pair(0, 1).bandwidth_GBps == pytest.approx(25 * 0.78)
     assert topo.pair(2, 3).bandwidth_GBps == pytest.approx(50 * 0.78)
-    assert topo.pair(3, 4).bandwidth_GBps == pytest.approx(150 * 0.78)
+    assert topo.pair(3, 4).bandwidth_GBps == pytest.approx(15.75 * 0.83)
+    assert topo.ring((3, 4)).bandwidth_GBps == pytest.approx(15.75 * 0.83)
     [(latency_s, bandwidth)] = topo.stage_boundaries(1, 2)  # stage 0 on GPU0 sends to GPU1
     assert bandwidth == pytest.approx(25 * 0.78) and latency_s == pytest.approx(5e-6)
 
@@ -148,7 +150,7 @@ def test_the_explicit_graph_carries_the_direct_links():
 @example([3, 4])
 def test_any_group_of_a_hybrid_cube_mesh_gets_a_positive_finite_ring(group):
     """Placements (the evolutionary searcher's) can form groups whose members share no NVLink
-    (GPUs 3 and 4 of a DGX-1): their rings keep the node's figure, never 0 or inf, and a
+    (GPUs 3 and 4 of a DGX-1): their rings cross the host, never at 0 or inf bandwidth, and a
     collective over them costs a finite time."""
     topo = load_cluster("aws-p3.16xlarge", nodes=2).topology
     ring = topo.ring(tuple(group))
@@ -184,3 +186,29 @@ def test_expert_parallel_plans_on_a_full_mesh_agree_between_evaluator_and_simula
         assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-6)
         assert ev.time["ep_comm"][i] == pytest.approx(rep.time_s["ep_comm"], rel=1e-6,
                                                       abs=1e-9 * rep.step_time_s)
+
+
+def test_host_link_needs_a_switchless_node():
+    data = _cluster([[0, 25], [25, 0]])
+    data["node"]["host_link"] = "pcie3"
+    assert cluster_from_dict(data).node_groups[0].host_link.name == "pcie3"
+    del data["node"]["peer_bandwidth_GBps"]
+    with pytest.raises(Exception, match="host_link"):
+        cluster_from_dict(data)
+
+
+def test_a_cut_node_keeps_its_links_and_host_path():
+    """The ILP's partial nodes (``take_gpus``) keep the links among the GPUs they use; a cut
+    leaving two GPUs with no NVLink between them (a DGX-1's GPUs 3 and 4) keeps the host link
+    they reach each other through."""
+    from paraplan.search.ilp.clusters import take_gpus
+    from paraplan.specs.cluster import ClusterSpec
+
+    cluster = load_cluster("aws-p3.16xlarge")
+    (quad,) = take_gpus(cluster, "v100-sxm2-16gb", 0, 4)
+    assert quad.peer_bandwidth_GBps == [[0, 25, 25, 50], [25, 0, 50, 25], [25, 50, 0, 50],
+                                        [50, 25, 50, 0]]
+    (pair,) = take_gpus(cluster, "v100-sxm2-16gb", 3, 2)
+    assert pair.peer_bandwidth_GBps == [[0, 0], [0, 0]] and pair.host_link.name == "pcie3"
+    cut = ClusterSpec(name="cut", node_groups=[pair])
+    assert cut.topology.ring((0, 1)).bandwidth_GBps == pytest.approx(15.75 * 0.83)

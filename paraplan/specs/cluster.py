@@ -338,6 +338,10 @@ class NodeGroup(StrictModel):
     collective over some of a node's GPUs can only use the links between them, so it runs at
     the least member's bandwidth to the other members (``specs.mesh``), at most the
     ``intra_node_link``'s. None: a switch gives any group of the node the full link."""
+    host_link: LinkSpec | None = None
+    """In a switchless node, the path between two GPUs with no direct link, and from a GPU
+    to its NICs: the host's PCIe (DGX-1's ``SYS`` pairs cross PCIe and the CPU sockets).
+    None: the ``intra_node_link`` figure stands in (optimistic)."""
 
     @model_validator(mode="after")
     def _intra(self) -> NodeGroup:
@@ -346,7 +350,11 @@ class NodeGroup(StrictModel):
                 f"intra_node_link is required when gpus_per_node={self.gpus_per_node} > 1"
             )
         if self.peer_bandwidth_GBps is not None:
-            check_peer_matrix(self.peer_bandwidth_GBps, self.gpus_per_node)
+            check_peer_matrix(self.peer_bandwidth_GBps, self.gpus_per_node,
+                              host=self.host_link is not None)
+        elif self.host_link is not None:
+            raise ValueError("host_link is the path between GPUs of a switchless node with no "
+                             "direct link: give peer_bandwidth_GBps with it")
         return self
 
     @property
@@ -533,6 +541,7 @@ class ClusterSpec(StrictModel):
                         g.intra_node_link.bandwidth_GBps if g.intra_node_link else None
                     ),
                     "peer_bandwidth_GBps": g.peer_bandwidth_GBps,  # None: a switch
+                    "host_link": g.host_link.name if g.host_link else None,
                     "inter_node_link": g.inter_node_link.name,
                     "nics_per_node": g.nics_per_node,
                     "nic_bandwidth_per_gpu_GBps": round(g.nic_bandwidth_per_gpu_GBps, 4),

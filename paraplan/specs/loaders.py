@@ -307,7 +307,7 @@ def cluster_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Clu
             group["gpu"] = load_gpu(group["gpu"], f"{at}.gpu")
         if "gpu_power_limit_W" in group:
             group["gpu"] = _power_limited(group.get("gpu"), group.pop("gpu_power_limit_W"), at)
-        for key in ("intra_node_link", "inter_node_link"):
+        for key in ("intra_node_link", "inter_node_link", "host_link"):
             if group.get(key) is not None:
                 group[key] = load_link(group[key], f"{at}.{key}")
         resolved.append(group)

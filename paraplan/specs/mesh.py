@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,9 +32,11 @@ if TYPE_CHECKING:  # annotations only: the topology calls in here
     from paraplan.specs.topology import Topology
 
 
-def check_peer_matrix(matrix: Sequence[Sequence[float]], gpus_per_node: int) -> None:
+def check_peer_matrix(matrix: Sequence[Sequence[float]], gpus_per_node: int, *,
+                      host: bool = False) -> None:
     """Raise ValueError unless ``matrix`` is a gpus_per_node-square, symmetric matrix of
-    finite, non-negative GB/s with a zero diagonal and at least one link per GPU."""
+    finite, non-negative GB/s with a zero diagonal and at least one link per GPU (unless the
+    node has a ``host`` link for the GPUs without one)."""
     n = gpus_per_node
     if len(matrix) != n or any(len(row) != n for row in matrix):
         raise ValueError(f"peer_bandwidth_GBps must be {n} x {n} (gpus_per_node={n})")
@@ -49,20 +51,23 @@ def check_peer_matrix(matrix: Sequence[Sequence[float]], gpus_per_node: int) -> 
         if row[i] != 0:
             raise ValueError(f"peer_bandwidth_GBps[{i}][{i}]={row[i]} must be 0 (a GPU has "
                              "no link to itself)")
-        if n > 1 and not sum(row) > 0:
+        if n > 1 and not host and not sum(row) > 0:
             raise ValueError(f"peer_bandwidth_GBps row {i} is all zero: GPU {i} would reach "
                              "no other GPU of its node")
 
 
-def sub_mesh(matrix: list[list[float]] | None, first: int, k: int) -> list[list[float]] | None:
-    """The direct links among GPUs [first, first + k) of a switchless node (a node cut to
-    the GPUs a plan uses); None for a switched node, a cut past the matrix, or one where a
-    GPU has no link to the others (its traffic would cross PCIe, which is not priced: the
-    node's link stands in, as for a switched node)."""
+def cut_node(group: NodeGroup, first: int, k: int) -> dict[str, Any]:
+    """``NodeGroup`` fields of a switchless node cut to its GPUs [first, first + k) (the GPUs
+    a plan uses): the direct links among them and the host link. A switched node, a cut past
+    the matrix, or one leaving a GPU with no link and no host link to reach the others gets
+    a switch (both None: the node's link stands in)."""
+    matrix, none = group.peer_bandwidth_GBps, {"peer_bandwidth_GBps": None, "host_link": None}
     if matrix is None or first + k > len(matrix):
-        return None
+        return none
     rows = [row[first:first + k] for row in matrix[first:first + k]]
-    return rows if k == 1 or all(sum(row) > 0 for row in rows) else None
+    if k > 1 and group.host_link is None and not all(sum(row) > 0 for row in rows):
+        return none
+    return {"peer_bandwidth_GBps": rows, "host_link": group.host_link}
 
 
 def subset_ring_GBps(peer: np.ndarray, local: np.ndarray) -> float:
@@ -72,6 +77,14 @@ def subset_ring_GBps(peer: np.ndarray, local: np.ndarray) -> float:
     if local.size < 2:
         return math.inf
     return float(peer[np.ix_(local, local)].sum(axis=1).min())
+
+
+def host_bandwidths(groups: Sequence[NodeGroup]) -> np.ndarray:
+    """Per node group, its ``host_link``'s bandwidth after efficiency (GB/s, one direction),
+    or its scale-up link's where it names none (inf for a one-GPU node without either)."""
+    return np.array([g.host_link.bandwidth_GBps * g.host_link.efficiency if g.host_link
+                     else g.intra_node_link.bandwidth_GBps * g.intra_node_link.efficiency
+                     if g.intra_node_link else np.inf for g in groups])
 
 
 def peer_matrices(groups: Sequence[NodeGroup]) -> list[np.ndarray | None]:
@@ -103,10 +116,10 @@ def mesh_capped(topology: Topology, arr: np.ndarray, nxt: np.ndarray,
         key = (g, local.tobytes())
         if key not in rates:
             # A member with no link to the others (DGX-1's SYS pairs, e.g. GPUs 3 and 4) has
-            # no NVLink ring: its PCIe path is not priced, the node's figure stands in.
+            # no NVLink ring: the ring crosses the host (``NodeGroup.host_link``).
             rate = subset_ring_GBps(peer, local)
-            intra = float(topology._intra_bw[g])
-            rates[key] = min(rate, intra) if rate > 0 else intra
+            rates[key] = (min(rate, float(topology._intra_bw[g])) if rate > 0
+                          else float(topology._host_bw[g]))
         out[inside & (node == n)] = rates[key]
     return out
 
@@ -114,9 +127,9 @@ def mesh_capped(topology: Topology, arr: np.ndarray, nxt: np.ndarray,
 def mesh_pairs(topology: Topology, a: np.ndarray, b: np.ndarray, same_node: np.ndarray,
                bw: np.ndarray) -> np.ndarray:
     """``bw`` (GB/s of the sends ``a[i] -> b[i]``) with the sends between two GPUs of a
-    switchless node at their direct links' bandwidth. A pair with no direct link (DGX-1's
-    ``SYS`` pairs) keeps the node's link figure, as through a switch: NCCL's path through
-    PCIe and the host is slower and not priced (optimistic, noted in the README)."""
+    switchless node at their direct links' bandwidth; a pair with no direct link (DGX-1's
+    ``SYS`` pairs) crosses the host (``NodeGroup.host_link``; without one the node's link
+    figure stands in, optimistic)."""
     if all(p is None for p in topology._peer):
         return bw
     out = bw.copy()
@@ -127,5 +140,5 @@ def mesh_pairs(topology: Topology, a: np.ndarray, b: np.ndarray, same_node: np.n
             continue
         first = topology._node_first[topology.node_of_gpu[a[sel]]]
         direct = peer[a[sel] - first, b[sel] - first]
-        out[sel] = np.where(direct > 0, direct, out[sel])
+        out[sel] = np.where(direct > 0, direct, topology._host_bw[g])
     return out

@@ -30,7 +30,7 @@ import networkx as nx
 import numpy as np
 
 from paraplan.specs.errors import SpecError
-from paraplan.specs.mesh import mesh_capped, mesh_pairs, peer_matrices
+from paraplan.specs.mesh import host_bandwidths, mesh_capped, mesh_pairs, peer_matrices
 
 if TYPE_CHECKING:  # annotations only: ClusterSpec builds its Topology (cluster -> topology)
     from paraplan.specs.cluster import ClusterSpec
@@ -141,6 +141,7 @@ class Topology:
         )
         self._nic_lat = np.array([g.inter_node_link.latency_s for g in groups])
         self._peer = peer_matrices(groups)  # switchless nodes' links (specs.mesh)
+        self._host_bw = host_bandwidths(groups)  # their GPU -> host/NIC path
         self._node_first = np.searchsorted(self.node_of_gpu, np.arange(node_group.size))
 
         r = len(regions)
@@ -183,8 +184,9 @@ class Topology:
                                                               self._nic_total[gb]))
         else:
             nic = np.minimum(self._nic_bw[ga], self._nic_bw[gb])
-        # The GPU reaches its NIC through the node's scale-up fabric (PCIe/NVLink switch).
-        fabric_bw = np.minimum(nic, intra_bw)
+        # The GPU reaches its NIC through the node's scale-up fabric (PCIe/NVLink switch),
+        # or a switchless node's host link.
+        fabric_bw = np.minimum(nic, np.minimum(self._host_bw[ga], self._host_bw[gb]))
         fabric_lat = np.maximum(self._nic_lat[ga], self._nic_lat[gb])
         if self._region_pair_bw is not None:
             fabric_bw = np.minimum(fabric_bw, self._region_pair_bw)
@@ -384,8 +386,7 @@ class Topology:
                 for _ in range(group.gpus_per_node):
                     g.add_node(f"gpu:{gpu}", kind="gpu", gpu=group.gpu.name, node=node)
                     g.add_edge(
-                        f"gpu:{gpu}", sw,
-                        bandwidth_GBps=link.bandwidth_GBps * link.efficiency if link else np.inf,
+                        f"gpu:{gpu}", sw, bandwidth_GBps=float(self._host_bw[gi]),
                         latency_s=link.latency_s / 2 if link else 0.0,
                     )
                     gpu += 1

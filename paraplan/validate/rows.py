@@ -41,7 +41,7 @@ from paraplan.specs import (
     load_cluster,
 )
 from paraplan.specs.loaders import cluster_from_dict, load_gpu, load_trainer
-from paraplan.specs.mesh import sub_mesh
+from paraplan.specs.mesh import cut_node
 from paraplan.specs.trainer import TrainerSpec, apply_trainer, run_kernels
 from paraplan.validate.conventions import (
     SOURCES,
@@ -213,8 +213,7 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
         # NVLink domain), with the preset's NICs per GPU.
         nics = max(1, round(group.nics_per_node * gpn / group.gpus_per_node))
         group = group.model_copy(update={"gpus_per_node": gpn, "nics_per_node": nics,
-                                         "peer_bandwidth_GBps": sub_mesh(
-                                             group.peer_bandwidth_GBps, 0, gpn)})
+                                         **cut_node(group, 0, gpn)})
         s.notes.append(f"{gpn} GPUs per scale-up domain (the row's)")
     group = group.model_copy(update={"num_nodes": nodes})
     if "hbm2e" in cell(row, "gpu_type").lower() and group.gpu.name == "h100-sxm":
@@ -228,8 +227,7 @@ def _cluster(row: dict[str, Any], s: _Specs, num_gpus: int) -> ClusterSpec:
         s.notes.append(f"{gpu.name} memory set to the row's {mem} GB ({cell(row, 'gpu_type')})")
     if num_gpus < group.gpus_per_node:
         group = group.model_copy(update={"gpus_per_node": num_gpus, "num_nodes": 1,
-                                         "peer_bandwidth_GBps": sub_mesh(
-                                             group.peer_bandwidth_GBps, 0, num_gpus)})
+                                         **cut_node(group, 0, num_gpus)})
     return cluster.model_copy(update={"node_groups": [group]})
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from paraplan.search.ilp.context import rebuild
 from paraplan.specs.cluster import ClusterSpec, NodeGroup
 from paraplan.specs.errors import SpecError
-from paraplan.specs.mesh import sub_mesh
+from paraplan.specs.mesh import cut_node
 
 
 def take_gpus(cluster: ClusterSpec, gpu: str, start: int, count: int) -> list[NodeGroup]:
@@ -37,8 +37,7 @@ def take_gpus(cluster: ClusterSpec, gpu: str, start: int, count: int) -> list[No
             nics = max(1, -(-g.nics_per_node * k // gpn))
             out.append(g.model_copy(update={"gpus_per_node": k, "num_nodes": 1,
                                             "nics_per_node": nics,
-                                            "peer_bandwidth_GBps": sub_mesh(g.peer_bandwidth_GBps,
-                                                                            a % gpn, k)}))
+                                            **cut_node(g, a % gpn, k)}))
             a += k
         pos += g.num_gpus
     return out
