@@ -5,6 +5,7 @@ cube mesh and AMD's xGMI full mesh."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -212,3 +213,11 @@ def test_a_cut_node_keeps_its_links_and_host_path():
     assert pair.peer_bandwidth_GBps == [[0, 0], [0, 0]] and pair.host_link.name == "pcie3"
     cut = ClusterSpec(name="cut", node_groups=[pair])
     assert cut.topology.ring((0, 1)).bandwidth_GBps == pytest.approx(15.75 * 0.83)
+
+
+def test_describe_table_marks_a_switchless_node():
+    out = subprocess.run([sys.executable, "-m", "paraplan", "describe", "--cluster",
+                          "aws-p3.16xlarge"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0
+    assert "mesh 25/50 per pair, else pcie3" in out.stdout

@@ -182,6 +182,12 @@ def _print_cluster(out: Console, info: dict[str, Any]) -> None:
     for g in info["node_groups"]:
         intra = f"{g['intra_node_link']} ({g['intra_node_bandwidth_GBps']:g})" \
             if g["intra_node_link"] else "-"
+        peers = g.get("peer_bandwidth_GBps")
+        if peers:  # a switchless node: its direct links per pair (and the host path)
+            links = sorted({v for row in peers for v in row if v > 0})
+            intra += f", mesh {'/'.join(f'{v:g}' for v in links)} per pair"
+            if g.get("host_link"):
+                intra += f", else {g['host_link']}"
         gpu = g["gpu"]
         if g.get("power_limit_W") is not None:  # compute scaled by the GPU's power curve
             label = power_limit_label(g["power_limit_W"])
