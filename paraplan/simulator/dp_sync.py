@@ -3,6 +3,11 @@ by NCCL-style collectives or parameter servers (``plan.dp_algorithm``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
 from paraplan.simulator import collectives as coll
 from paraplan.simulator.compression import effective_grad_bytes
 from paraplan.simulator.memory import dp_bucket_elements
@@ -100,6 +105,45 @@ def grad_sync_parts(topo: Topology, group: tuple[int, ...], model: ModelSpec,
         # DeepSpeed's bf16 pipeline engine: the whole gradient, then the updated parameters.
         return all_reduce(count * grad_bytes), params
     return half("reduce_scatter", count * grad_bytes), params
+
+
+def overlapped_grad_sync(sync_s: Any, window_s: Any, buckets: Any, nccl_slowdown: float) -> Any:
+    """Seconds a gradient synchronisation of ``sync_s`` leaves exposed when its buckets
+    overlap a backward of ``window_s``: what the window cannot cover, but at least the last
+    of ``buckets`` buckets (it starts when the backward ends), plus the compute NCCL's SMs
+    take from the covered part (``Device.nccl_slowdown``). Numbers or numpy arrays alike:
+    ``step.simulate``, the vectorized evaluator and the ILP's union DP time share it."""
+    return (np.maximum(sync_s - window_s, sync_s / buckets)
+            + np.minimum(sync_s, window_s) * nccl_slowdown)
+
+
+def exposed_grad_sync(training: TrainingSpec, plan: ParallelPlan, m: int, grads: float,
+                      params: float, exposed: Callable[[float], float]) -> float:
+    """Seconds of one step's data-parallel synchronisation left exposed, given the gradient
+    reduction (``grads``) and parameter gather (``params``) times of ``grad_sync_parts`` and
+    ``exposed``, what a transfer leaves uncovered behind the backward (buckets, overlap,
+    NCCL's SMs: the caller's rule). The one rule ``step.simulate`` and the ILP's union DP
+    time share:
+
+    - a pipelined stage under FSDP reduces its gradients as chains after its last backward
+      (``pp_grad_chains``): nothing hides them;
+    - ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
+      micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2):
+      m reduce-scatters, each hidden only behind its own backward, then one parameter
+      all-gather (FSDP's re-gathering ZeRO-2 is priced per layer, by the caller);
+    - DDP without ``no_sync`` (torchtitan, ``training.ddp_sync_every_microbatch``)
+      all-reduces every micro-batch under its backward;
+    - otherwise one reduction and gather per step. Divided by ``plan.dp_sync_interval``."""
+    chains = pp_grad_chains(training, plan)
+    if chains:
+        out = chains * grads + exposed(params)
+    elif plan.zero_stage == 2 and m > 1:
+        out = (m - 1) * exposed(grads) + exposed(grads + params)
+    elif plan.zero_stage == 0 and training.ddp_sync_every_microbatch:
+        out = m * exposed(grads + params)
+    else:
+        out = exposed(grads + params)
+    return out / plan.dp_sync_interval
 
 
 def tied_embedding_sync(topo: Topology, model: ModelSpec, training: TrainingSpec,

@@ -21,8 +21,9 @@ from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import ddp_autocast_bytes_per_param, fsdp_copy_bytes_per_param
 from paraplan.simulator.dp_sync import (
     bucketed_grad_sync,
+    exposed_grad_sync,
     grad_sync_parts,
-    pp_grad_chains,
+    overlapped_grad_sync,
     tied_embedding_sync,
 )
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
@@ -276,29 +277,12 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         window = t_b[0] if plan.overlap_grad_reduce else 0.0
 
         def exposed(sync: float) -> float:
-            out = max(sync - window, sync / buckets if plan.overlap_grad_reduce else sync)
-            if plan.overlap_grad_reduce:
-                out += min(sync, window) * device.nccl_slowdown
-            return out
+            return float(overlapped_grad_sync(sync, window, buckets, device.nccl_slowdown)) \
+                if plan.overlap_grad_reduce else sync
 
-        chains = pp_grad_chains(training, plan)
-        if chains:
-            # A pipelined stage under FSDP reduces its gradients as one chain after its last
-            # backward (``TrainingSpec.pp_grad_sync``): nothing hides it, and with
-            # ``cascade`` every stage's chain sits on the last backward's path.
-            out = chains * grads + exposed(params)
-        # ZeRO-2 keeps only its shard of the gradients, so with m > 1 micro-batches every
-        # micro-batch's gradients are reduce-scattered as its backward ends (DeepSpeed stage 2):
-        # m reduce-scatters, each hidden only behind its own backward, then one parameter
-        # all-gather. (FSDP's ZeRO-2 is priced per layer above.)
-        elif plan.zero_stage == 2 and m > 1:
-            out = (m - 1) * exposed(grads) + exposed(grads + params)
-        # DDP without no_sync (torchtitan) all-reduces every micro-batch under its backward.
-        elif plan.zero_stage == 0 and training.ddp_sync_every_microbatch:
-            out = m * exposed(grads + params)
-        else:
-            out = exposed(grads + params)
-        return out / plan.dp_sync_interval, 0.0
+        # Chains under pipelined FSDP, ZeRO-2's reduce-scatter per micro-batch, DDP without
+        # no_sync (``dp_sync.exposed_grad_sync``; FSDP's ZeRO-2 is priced per layer above).
+        return exposed_grad_sync(training, plan, m, grads, params, exposed), 0.0
 
     dp_ranks = tuple(t * i for i in range(cp * dp))
     edp_ranks = tuple(plan.expert_tp * plan.ep * i for i in range(edp))

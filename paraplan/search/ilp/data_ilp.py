@@ -19,7 +19,7 @@ from paraplan.search.ilp.clusters import assemble, take_gpus
 from paraplan.search.ilp.context import Choice, Ctx
 from paraplan.search.ilp.results import DataGroup, IlpCandidate, SolveRecord
 from paraplan.simulator.compute import Device
-from paraplan.simulator.dp_sync import grad_sync_parts, pp_grad_chains
+from paraplan.simulator.dp_sync import exposed_grad_sync, grad_sync_parts, overlapped_grad_sync
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import dp_bucket_elements, params_per_stage
 from paraplan.simulator.step import StepReport, even_split, simulate
@@ -72,20 +72,13 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     def exposed(sync: float) -> float:
         if not plan.overlap_grad_reduce:
             return sync
-        window = float(rep.extra["stage_backward_s"][0])
-        return max(sync - window, sync / buckets) + min(sync, window) * dev.nccl_slowdown
+        return float(overlapped_grad_sync(sync, float(rep.extra["stage_backward_s"][0]),
+                                          buckets, dev.nccl_slowdown))
 
     grads, params = grad_sync_parts(cluster.topology, union, ctx.model, plan, ctx.training,
                                     dense + experts)
-    chains = pp_grad_chains(ctx.training, plan)
-    if chains:  # pipelined stages under FSDP: their gradient chains wait in full
-        return (chains * grads + exposed(params)) / plan.dp_sync_interval
-    m = int(rep.extra["num_microbatches"])
-    if plan.zero_stage == 2 and m > 1:  # sharded gradients: a reduce-scatter per micro-batch
-        return ((m - 1) * exposed(grads) + exposed(grads + params)) / plan.dp_sync_interval
-    if plan.zero_stage == 0 and ctx.training.ddp_sync_every_microbatch:  # DDP, no no_sync
-        return m * exposed(grads + params) / plan.dp_sync_interval
-    return exposed(grads + params) / plan.dp_sync_interval
+    return exposed_grad_sync(ctx.training, plan, int(rep.extra["num_microbatches"]), grads,
+                             params, exposed)
 
 
 def _compose(ctx: Ctx, ch: Choice, groups: list[DataGroup], cluster: ClusterSpec,

@@ -19,7 +19,7 @@ from paraplan.search.space.stage_classes import (
 from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import Device
 from paraplan.simulator.copies import ddp_autocast_bytes_per_param
-from paraplan.simulator.dp_sync import chains_per_step
+from paraplan.simulator.dp_sync import chains_per_step, overlapped_grad_sync
 from paraplan.simulator.memory import (
     ALLOCATOR_FRAGMENTATION,
     CUDA_CONTEXT_BYTES,
@@ -269,7 +269,7 @@ def block_time(space: PlanSpace, p: int, v: int, idx: np.ndarray, ctx: Context,
             buckets = np.maximum(1.0, (dense0 + exp0) / bucket)
 
             def exposed(x: np.ndarray) -> np.ndarray:
-                return np.maximum(x - window, x / buckets) + np.minimum(x, window) * ctx.slow
+                return overlapped_grad_sync(x, window, buckets, ctx.slow)
         else:
             def exposed(x: np.ndarray) -> np.ndarray:
                 return x
