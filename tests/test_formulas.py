@@ -675,6 +675,29 @@ def test_layer_checkpointing_is_half_full_recompute():
 
 
 
+def test_op_level_sac_reruns_the_tensor_parallel_all_gathers():
+    """torchtitan's op-level SAC saves reduce-scatter outputs but not all-gathers, so the
+    backward's recompute gathers attention's and the MLP's inputs again: one all-reduce's
+    worth of TP traffic more per layer than no recomputation (by hand from the layer's
+    parts), none at tp=1; the compute re-run is every other matmul and the memory-bound ops."""
+    from paraplan.simulator.layer import compose_layer_cost, layer_parts
+
+    cluster = load_cluster("dgx-h100", nodes=1)
+    model, training = load_model("llama3-8b"), TrainingSpec(global_batch_size=8, seq_len=8192)
+    dev = Device.of(cluster.gpu, "bf16")
+    parts = layer_parts(model, cluster.topology, training, parse_plan("tp=8,sp=1,mbs=1"), dev,
+                        moe=False)
+    none, op = compose_layer_cost(parts, "none"), compose_layer_cost(parts, "op")
+    assert parts.tp_s > 0
+    assert op.tp == pytest.approx(none.tp + parts.tp_s, rel=1e-12)
+    lt = parts.times
+    assert op.bwd == pytest.approx(none.bwd + parts.tp_s + 0.5 * lt.gemm_fwd_s
+                                   + lt.elementwise_fwd_s, rel=1e-12)
+    one = layer_parts(model, cluster.topology, training, parse_plan("tp=1,mbs=1"), dev,
+                      moe=False)
+    assert compose_layer_cost(one, "op").tp == 0.0
+
+
 def test_current_fp8_scaling_rereads_the_input():
     """Per-tensor current scaling needs the tensor's amax before its cast, so the cast re-reads
     the 16-bit input: 2 B per element on top of the fused cast's 2 B written (row- and

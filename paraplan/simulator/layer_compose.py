@@ -115,7 +115,16 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     extra = full * fwd_s + (recompute == "selective") * attn_s \
         + (recompute == "op") * (0.5 * gemm_s + elem_s)
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
-    tp_f, tp_b = 2 * tp_s, 2 * tp_bwd_s + full * 2 * tp_s
+    # Op-level SAC saves reduce-scatter outputs but not all-gathers or all-reduces
+    # (torchtitan parallelize_llama.py ``_save_list`` at ba24697, 2024-12; the same in
+    # distributed/activation_checkpoint.py today), and both the eager recompute and
+    # torch.compile's partitioner (``must_recompute``: PREFER_RECOMPUTE counts as MUST)
+    # re-run every unsaved op the backward needs: the all-gathers in front of attention and
+    # the MLP (or, without sequence parallelism, the all-reduce in front of the MLP), one
+    # all-reduce's worth of traffic per layer. The all-reduce after the MLP feeds no
+    # recomputed op, and the non-reentrant checkpoint stops early before it.
+    tp_f = 2 * tp_s
+    tp_b = 2 * tp_bwd_s + full * 2 * tp_s + (recompute == "op") * tp_s
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
     # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
     over = (slowdown > 0) * (full == 0)
