@@ -279,6 +279,24 @@ def test_mpt_large_scale_rows_run_the_attention_their_sweep_names(cases, rows):
     assert {v for (large, _), v in seen.items() if not large} == {1}
 
 
+
+def test_mpt_rows_reduce_gradients_in_the_dtype_their_mp_mode_names(cases, rows):
+    """Each llm-foundry README row prints its FSDP mixed-precision mode: PURE (composer's
+    get_mixed_precision: reduce_dtype the amp dtype, bf16) for the whole A100 40GB table and
+    the two MPT-70b rows of the A100 80GB table (run in May 2023, before that table's October
+    re-run), DEFAULT (reduce_dtype float32 from composer v0.16.4, d745fcb1b) elsewhere; the
+    CSV's precision column ('bf16', composer's old name, vs 'amp_bf16') marks the same rows."""
+    pure, default = set(), set()
+    for case, row in zip(cases[:len(rows)], rows, strict=True):
+        if row["source_id"] != "mosaicml_llmfoundry_mpt":
+            continue
+        (default if case.training.grad_reduce_fp32 else pure).add(row["precision"])
+        assert case.training.grad_reduce_fp32 == (row["precision"] != "bf16")
+        if not case.training.grad_reduce_fp32:
+            assert any("PURE" in note for note in case.assumptions)
+    assert pure == {"bf16"} and default == {"amp_bf16", "amp_fp8"}
+
+
 def test_bloom_step_time_and_its_tflops_formula(cases, rows):
     case = _case(cases, rows, 275, model_name="BLOOM-176B", measured_value="104.7",
                  global_batch="2048", num_gpus="384")

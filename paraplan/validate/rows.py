@@ -71,6 +71,7 @@ from paraplan.validate.source_facts import (
     TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM,
     llama3_paper_layout,
     mpt_flash_attention_version,
+    mpt_pure_mixed_precision,
     recipe_chunks,
     row_year_month,
 )
@@ -415,6 +416,11 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["flash_attention_version"] = flash_v
             s.notes.append("attn_impl flash (flash-attn 2.4.2): the large-scale H100 sweep "
                            "(llm-foundry 5e85bd62d sweep.py)")
+        if source == "mosaicml_llmfoundry_mpt" and mpt_pure_mixed_precision(
+                cell(row, "source_location"), cell(row, "model_name")):
+            explicit["grad_reduce_fp32"] = False
+            s.notes.append("FSDP mixed precision PURE: gradients reduced in bf16 (its README "
+                           "row's MP Mode)")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
         if conv is not None and conv.sync_free_moe:

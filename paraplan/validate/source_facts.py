@@ -82,6 +82,26 @@ def mpt_flash_attention_version(source_location: str, model_name: str) -> int | 
     return None
 
 
+# The FSDP mixed-precision mode of llm-foundry's benchmark rows: each README row prints it
+# (column "MP Mode", mosaicml/llm-foundry scripts/train/benchmarking/README.md @8c8dd48f).
+# Composer's PURE (get_mixed_precision, composer/trainer/mosaic_fsdp.py and later
+# mosaic_fsdp_utils.py: param, reduce and buffer dtype all the amp dtype, in every version)
+# reduce-scatters bf16 gradients. DEFAULT is the trainer profile's bf16 parameters with float32
+# reduction from composer v0.16.4 on (d745fcb1b, 2023-10-10); the DEFAULT rows are the H100
+# tables (llm-foundry b2a43a147 and 5e85bd62d pin composer >= 0.16.4 and >= 0.17.2) and the A100
+# 80GB table's October 2023 re-run (b2a43a147). PURE rows: every row of the A100 40GB table and
+# the two MPT-70b rows of the A100 80GB table, kept from its May 2023 run (1ef7b4d21).
+MPT_A100_40GB_SECTION = "A100 40GB with 1600 Gbps node-node interconnect (RoCE)"
+MPT_A100_80GB_SECTION = "A100 80GB with 1600 Gbps node-node interconnect (RoCE)"
+
+
+def mpt_pure_mixed_precision(source_location: str, model_name: str) -> bool:
+    """True where an llm-foundry benchmark row's README row says MP Mode PURE (gradients
+    reduced in bf16), False where it says DEFAULT (reduced in fp32)."""
+    if MPT_A100_40GB_SECTION in source_location:
+        return True
+    return MPT_A100_80GB_SECTION in source_location and model_name == "MPT-70b"
+
 # Doubt-column phrases that mean a plan field (or seq_len / batch / GPU count) was guessed.
 # Hardware-only or architecture-only notes ("interconnect not stated", "filled from the public
 # model config", "arch from mpt-*.yaml") do not make a row doubtful.
