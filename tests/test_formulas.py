@@ -776,3 +776,27 @@ def test_gemm_table_k_extrapolation_never_runs_backwards():
                   tflops=[1.0, 4.0])
     for k in (3072, 1e5, 1e9):
         assert t.efficiency(256, 256, k) == pytest.approx(0.4)
+
+
+def test_fsdp_keeps_gradient_shards_in_the_master_dtype_whatever_it_reduces_in():
+    """PyTorch FSDP casts each reduced gradient shard back to the shard's own dtype, the fp32
+    master (FSDP1 _cast_grad_to_param_dtype, FSDP2 foreach_reduce), so reducing in bf16
+    (composer's PURE) halves the traffic but not the gradient memory: 4 B per sharded
+    parameter either way, by hand; a trainer without FSDP keeps its bf16 buffer (2 B)."""
+    from paraplan.simulator.step import simulate
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=1)
+    plan = parse_plan("zero=3,mbs=1,rc=full")
+    grads = {}
+    for fsdp in ("flat", None):
+        for fp32 in (True, False):
+            training = TrainingSpec(global_batch_size=8, seq_len=2048, grad_reduce_fp32=fp32,
+                                    fsdp_copies=fsdp)
+            report = simulate(model, cluster, training, plan)
+            grads[(fsdp, fp32)] = report.memory_gb["grads"]
+    per_rank = model.num_params / 8 / 2**30
+    assert grads[("flat", True)] == grads[("flat", False)] == pytest.approx(4 * per_rank,
+                                                                            rel=0.02)
+    assert grads[(None, False)] == pytest.approx(2 * per_rank, rel=0.02)
+    assert TrainingSpec(global_batch_size=8, seq_len=2048, fsdp_copies="per_param",
+                        master_weights_dtype="bf16").sharded_grad_bytes == 2

@@ -301,7 +301,8 @@ def _static_stage(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, 
         # PyTorch FSDP's shard is the fp32 parameter itself (the optimizer's master weights);
         # the 16-bit copies exist only while gathered (``other``): no 16-bit shard to keep.
         weights = 0.0
-    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * training.grad_buffer_bytes
+    grads = (shard(dense, ddp, 2) + shard(experts, edp, 2)) * (
+        training.sharded_grad_bytes if z >= 2 else training.grad_buffer_bytes)
     optimizer = (shard(dense, ddp, 1) + shard(experts, edp, 1)) * obytes
     mb = plan.micro_batch_size
     s_local = training.seq_len / plan.cp

@@ -228,6 +228,19 @@ class TrainingSpec(StrictModel):
         return self.grad_reduce_bytes
 
     @property
+    def sharded_grad_bytes(self) -> int:
+        """Bytes per element of a ZeRO-2/3 gradient shard kept through the step. PyTorch FSDP
+        (``fsdp_copies`` set) casts each reduced shard back to its parameter shard's dtype,
+        which is the optimizer's fp32 master with ``master_weights`` (FSDP1
+        ``_cast_grad_to_param_dtype`` unless ``keep_low_precision_grads``; FSDP2
+        ``foreach_reduce``: ``new_sharded_grad.to(orig_dtype)``), so a bf16 reduction still keeps
+        4 B per element; other trainers keep their gradient buffer's dtype
+        (``grad_buffer_bytes``)."""
+        if self.fsdp_copies is not None and self.master_weights and self.precision != "fp32":
+            return 4 if self.master_weights_dtype == "fp32" else 2
+        return self.grad_buffer_bytes
+
+    @property
     def compute_bytes(self) -> int:
         """Bytes per weight/activation element (fp8 runs keep bf16 tensors)."""
         return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]

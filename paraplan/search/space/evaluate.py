@@ -117,7 +117,8 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     grad_b, state_b = training.grad_buffer_bytes, training.optimizer_state_bytes_per_param
     zero_bytes = np.stack([
         np.where(stage >= 3, 0.0 if training.fsdp_copies is not None else cb, 0.0)
-        + np.where(stage >= 2, grad_b, 0.0) + np.where(stage >= 1, state_b, 0.0),
+        + np.where(stage >= 2, training.sharded_grad_bytes, 0.0)
+        + np.where(stage >= 1, state_b, 0.0),
         np.where(stage >= 3, 0.0, cb) + np.where(stage >= 2, 0.0, grad_b)
         + np.where(stage >= 1, 0.0, state_b)])
     capacity = float(gpu.memory_GiB)
