@@ -158,6 +158,7 @@ def test_validate_recipes_ranks_an_moe_recipe_under_every_run_setting():
     assert cases and all(c.model.is_moe for c in cases)
     row = check_recipe(cases[0])  # Qwen3-30B-A3B on 8 GPUs, DeepEP without the overlap
     assert row["status"] == "ok" and row["recipe_run"] == "deepep"
+    assert (f"moe deepep -> {row['best_run']}" in row["changed"]) == (row["best_run"] != "deepep")
     assert row["best_run"] in ("alltoall", "alltoall + a2a-overlap", "deepep",
                                "deepep + a2a-overlap")
     assert row["gain"] == pytest.approx(row["recipe_step_time_s"] / row["best_step_time_s"])

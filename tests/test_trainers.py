@@ -372,6 +372,28 @@ def test_validate_recipes_ranks_a_recipe_and_says_why():
             assert row["gain"] >= 1 - 1e-9 and row["recipe_fits"]
         assert all(w["part"] in ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm",
                                  "pp_comm", "dp_comm", "optimizer") for w in row["why"])
+        # The knobs #1 sets differently, read off the two plans: the 8B recipe runs cp=2.
+        import re
+
+        def field(short: str, key: str, default: str) -> str:
+            hit = re.search(rf"\b{key}=(\w+)", short)
+            return hit.group(1) if hit else default
+
+        for key, name, default in (("cp", "cp", "1"), ("mbs", "mbs", "1"),
+                                   ("zero", "zero", "0"), ("rc", "recompute", "none")):
+            old, new = field(row["recipe"], key, default), field(row["best"], key, default)
+            assert (f"{name} {old} -> {new}" in row["changed"]) == (old != new), name
+
+
+def test_changed_knobs_names_each_differing_field_and_the_moe_setting():
+    from paraplan.validate.recipes import changed_knobs
+
+    recipe = {"tp": 4, "pp": 8, "cp": 1, "recompute": "full", "micro_batch_size": 1}
+    best = {"tp": 4, "pp": 4, "cp": 1, "recompute": "none", "micro_batch_size": 1}
+    assert changed_knobs(recipe, best) == ["pp 8 -> 4", "recompute full -> none"]
+    assert changed_knobs(recipe, recipe, ("alltoall", "alltoall")) == []
+    assert changed_knobs(recipe, recipe, ("alltoall", "deepep + a2a-overlap")) == [
+        "moe alltoall -> deepep + a2a-overlap"]
 
 
 def test_cli_validate_recipes_rejects_an_unknown_source():

@@ -158,13 +158,14 @@ def validate_recipes_cmd(
         return
     table = Table(title="tuned recipes vs the search (same model, GPUs, batch, sequence, trainer)",
                   title_justify="left")
-    for col in ("#", "model", "recipe", "search's #1", "rank", "gain", "why #1 is faster"):
+    for col in ("#", "model", "recipe", "search's #1", "rank", "gain", "why #1 is faster",
+                "knobs #1 changes"):
         table.add_column(col, justify="right" if col in ("#", "rank", "gain") else "left",
                          overflow="fold")
     for r in result["rows"]:
         if r["status"] != "ok":
             table.add_row(str(r["index"]), r["model"], r["recipe"], r["status"], "-", "-",
-                          r.get("reason", "")[:60])
+                          r.get("reason", "")[:60], "-")
             continue
         why = ", ".join(f"{w['part'].replace('_comm', '')} {w['recipe_minus_best_s']:+.2f} s"
                         for w in r["why"])
@@ -176,7 +177,7 @@ def validate_recipes_cmd(
         if "recipe_layers_per_stage" in r:  # its guessed layout priced at the DP's split
             recipe += " split=" + "/".join(str(n) for n in r["recipe_layers_per_stage"])
         table.add_row(str(r["index"]), r["model"], recipe, best, rank,
-                      f"{r['gain']:.3f}", why or "-")
+                      f"{r['gain']:.3f}", why or "-", ", ".join(r["changed"]) or "-")
     console().print(table)
     if result["n"]:
         console().print(f"{result['n']} recipes: median predicted gain of #1 "
@@ -186,3 +187,6 @@ def validate_recipes_cmd(
                         "memory model calls the recipe out of memory (it ran), so it is not "
                         "ranked; split= = layers per stage the recipe is priced with where its "
                         "own layout is unknown (the exact layer-partition DP's).")
+        if result["changed_beyond_5pct"]:
+            console().print("knobs #1 changes where it claims more than 5%: " + ", ".join(
+                f"{k} {n}x" for k, n in result["changed_beyond_5pct"].items()))

@@ -13,7 +13,9 @@ recipe the report gives:
 - the predicted gain of the search's #1 over the recipe (recipe step time / #1's, both from
   ``simulate``);
 - why #1 is faster: the time parts (compute, bubble, TP/CP/EP/PP/DP communication,
-  optimizer) that differ most.
+  optimizer) that differ most, and the knobs #1 sets differently (``changed``: plan fields
+  and, for MoE models, the run setting); the summary counts, over the recipes #1 beats by
+  more than 5%, how often each knob changed (``changed_beyond_5pct``).
 
 A cost model with no free lunches ranks tuned recipes at or near the top: a large predicted
 gain points at a cost the model leaves out (or at a recipe that really is slow).
@@ -55,6 +57,25 @@ RECIPE_SOURCES = ("dgxc_nemo_h100", "megatron_bridge_moe", "megatron_bridge_moe_
                   "megatron_bridge_dense", "torchtitan", "mosaicml_llmfoundry_mpt")
 """Sources whose rows are tuned benchmark recipes (sources.md, holdout/SOURCES.md,
 moe_sources.md, dense_sources.md)."""
+
+
+KNOB_FIELDS = (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
+               ("etp", "etp"), ("sequence_parallel", "sp"), ("zero_stage", "zero"),
+               ("micro_batch_size", "mbs"), ("schedule", "schedule"),
+               ("virtual_stages", "vpp"), ("recompute", "recompute"))
+"""(``StepReport.plan`` key, name in ``changed``) of the knobs a search sets (dp follows from
+the GPU count and the other degrees)."""
+
+
+def changed_knobs(recipe: dict[str, Any], best: dict[str, Any],
+                  runs: tuple[str, str] | None = None) -> list[str]:
+    """The knobs #1 sets differently from the recipe, as ``name old -> new`` (plan dicts of
+    ``StepReport.plan``; ``runs``: the recipe's and #1's MoE run labels, if any)."""
+    out = [f"{name} {recipe.get(key)} -> {best.get(key)}" for key, name in KNOB_FIELDS
+           if recipe.get(key) != best.get(key)]
+    if runs is not None and runs[0] != runs[1]:
+        out.append(f"moe {runs[0]} -> {runs[1]}")
+    return out
 
 
 def recipe_cases(sources: tuple[str, ...] = RECIPE_SOURCES) -> list[PublishedCase]:
@@ -173,9 +194,12 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
                     or row_of is not None and np.all(plans == row_of, axis=1).any())
     diff = {k: recipe.time_s[k] - best.time_s[k] for k in STEP_PARTS}
     why = sorted(((v, k) for k, v in diff.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))
+    runs = None
     if model.is_moe:
         row["recipe_run"] = run_label(training)
         row["best_run"] = run_label(best.extra)
+        runs = (row["recipe_run"], row["best_run"])
+    row["changed"] = changed_knobs(recipe.plan, best.plan, runs)
     return {**row, "status": "ok", "best": best.extra.get("plan_short", ""),
             "best_step_time_s": best.step_time_s, "rank": faster + 1,
             "recipe_in_space": in_space, "plans_ranked": ranked,
@@ -202,8 +226,14 @@ def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
                           "ranked_first": sum(r["rank"] == 1 for r in ok
                                               if r["source_id"] == src),
                           "within_5pct": sum(g <= 1.05 for g in mine)}
+    changed: dict[str, int] = {}
+    for r in ok:
+        if r["gain"] > 1.05:
+            for knob in dict.fromkeys(c.split(" ")[0] for c in r["changed"]):
+                changed[knob] = changed.get(knob, 0) + 1
     return {
         "rows": rows, "n": len(ok), "n_rows": len(rows), "by_source": by_source,
+        "changed_beyond_5pct": dict(sorted(changed.items(), key=lambda kv: -kv[1])),
         "median_gain": statistics.median(gains) if gains else None,
         "max_gain": max(gains) if gains else None,
         "ranked_first": sum(r["rank"] == 1 for r in ok),
