@@ -102,6 +102,7 @@ def mpt_pure_mixed_precision(source_location: str, model_name: str) -> bool:
         return True
     return MPT_A100_80GB_SECTION in source_location and model_name == "MPT-70b"
 
+
 # Doubt-column phrases that mean a plan field (or seq_len / batch / GPU count) was guessed.
 # Hardware-only or architecture-only notes ("interconnect not stated", "filled from the public
 # model config", "arch from mpt-*.yaml") do not make a row doubtful.
