@@ -101,7 +101,7 @@ def mesh_capped(topology: Topology, arr: np.ndarray, nxt: np.ndarray,
     switchless node set to what the links between the group's members there carry
     (``subset_ring_GBps``, at most the node's scale-up link): NCCL's rings spread over all
     of them, not only the direct link between ring neighbours."""
-    if all(p is None for p in topology._peer):
+    if not topology._switchless.any():
         return bw
     node = topology.node_of_gpu[arr]
     inside = node == topology.node_of_gpu[nxt]
@@ -130,7 +130,7 @@ def mesh_pairs(topology: Topology, a: np.ndarray, b: np.ndarray, same_node: np.n
     switchless node at their direct links' bandwidth; a pair with no direct link (DGX-1's
     ``SYS`` pairs) crosses the host (``NodeGroup.host_link``; without one the node's link
     figure stands in, optimistic)."""
-    if all(p is None for p in topology._peer):
+    if not topology._switchless.any():
         return bw
     out = bw.copy()
     group = topology.group_of_gpu[a]

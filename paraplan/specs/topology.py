@@ -141,6 +141,7 @@ class Topology:
         )
         self._nic_lat = np.array([g.inter_node_link.latency_s for g in groups])
         self._peer = peer_matrices(groups)  # switchless nodes' links (specs.mesh)
+        self._switchless = np.array([p is not None for p in self._peer], dtype=bool)
         self._host_bw = host_bandwidths(groups)  # their GPU -> host/NIC path
         self._node_first = np.searchsorted(self.node_of_gpu, np.arange(node_group.size))
 
@@ -309,7 +310,7 @@ class Topology:
 
     def on_mesh(self, gpus: np.ndarray) -> np.ndarray:
         """For each GPU, whether its node is switchless (``NodeGroup.peer_bandwidth_GBps``)."""
-        return np.array([p is not None for p in self._peer])[self.group_of_gpu[gpus]]
+        return self._switchless[self.group_of_gpu[gpus]]
 
     def p2p_ring(self, group: Sequence[int]) -> RingCost:
         """Bottleneck of a ring of point-to-point sends, each rank to the next (context
