@@ -800,3 +800,54 @@ def test_fsdp_keeps_gradient_shards_in_the_master_dtype_whatever_it_reduces_in()
     assert grads[(None, False)] == pytest.approx(2 * per_rank, rel=0.02)
     assert TrainingSpec(global_batch_size=8, seq_len=2048, fsdp_copies="per_param",
                         master_weights_dtype="bf16").sharded_grad_bytes == 2
+
+
+@pytest.mark.parametrize("update,want", [
+    # Megatron-Core, bf16 grad buffer: fused Adam 24 + 4, the norm 4, the fp32 gradient copy
+    # (read 2, write 4) and the master -> bf16 parameter copy (read 4, write 2).
+    ({}, 24 + 4 + 4 + 6 + 6),
+    ({"grad_reduce_fp32": True}, 24 + 4 + 4 + 0 + 6),   # fp32 buffer: .float() copies nothing
+    # torchtitan's FSDP2 with fused AdamW: fp32 shards in place, the norm and the scale.
+    ({"fsdp_copies": "per_param", "grad_reduce_fp32": True, "clip_scales_always": True},
+     24 + 4 + 4 + 8),
+    # ... with foreach AdamW (2024): 20 fp32 accesses instead of 7.
+    ({"fsdp_copies": "per_param", "grad_reduce_fp32": True, "clip_scales_always": True,
+      "optimizer_impl": "foreach"}, 20 * 4 + 4 + 8),
+    # Composer's DecoupledAdamW loop under FSDP1 with a bf16 reduction: the shard is fp32.
+    ({"fsdp_copies": "flat", "clip_scales_always": True, "optimizer_impl": "for_loop"},
+     20 * 4 + 4 + 8),
+    # fp16 with loss scaling: the fp32 gradients are unscaled in place first.
+    ({"precision": "fp16"}, 24 + 4 + 4 + 6 + 6 + 8),
+    # Megatron's precision-aware optimizer with bf16 moments: its kernel reads the bf16 grad
+    # buffer and writes the bf16 parameter itself.
+    ({"moments_dtype": "bf16"}, 2 * 8 + 2 + 2 + 2),
+])
+def test_optimizer_step_bytes_by_implementation(update, want):
+    from paraplan.simulator.grads import optimizer_bytes_per_param
+
+    training = TrainingSpec(global_batch_size=8, seq_len=1024).model_copy(update=update)
+    assert optimizer_bytes_per_param(training) == want
+
+
+def test_optimizer_step_priced_on_the_shard_and_from_the_trainer():
+    # The step grows by the extra bytes x parameters on the rank (zero 3: 1/8 of them) /
+    # bandwidth when only the implementation changes; the trainer profiles carry it.
+    from paraplan import simulate
+    from paraplan.simulator.memory import params_per_stage
+    from paraplan.specs import load_trainer
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    training = TrainingSpec(global_batch_size=64, seq_len=4096, fsdp_copies="per_param",
+                            grad_reduce_fp32=True)
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=2")
+    fused = simulate(model, cluster, training, plan)
+    loop = simulate(model, cluster, training.model_copy(update={"optimizer_impl": "for_loop"}),
+                    plan)
+    dense, experts = params_per_stage(model, plan, [model.num_layers], 0, [0])
+    dev = Device.of(cluster.node_groups[0].gpu, "bf16")
+    want = 13 * 4 * (dense + experts) / 8 / dev.memory_Bps
+    assert loop.time_s["optimizer"] - fused.time_s["optimizer"] == pytest.approx(want)
+    assert loop.step_time_s - fused.step_time_s == pytest.approx(want)
+    assert load_trainer("llm-foundry").runs.optimizer_impl == "for_loop"
+    assert load_trainer("torchtitan").runs.clip_scales_always
+    assert not load_trainer("megatron-core").runs.clip_scales_always

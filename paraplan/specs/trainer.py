@@ -1,3 +1,5 @@
+# longer than 400 lines: the trainer profile (what it can express, how it runs) and the
+# rules applying it to a plan stay together.
 """TrainerSpec: what one trainer (and version) can express, and how it runs what it expresses.
 
 A trainer profile is an input like the cluster (``hardware_profiles/trainers/*.yaml``): its
@@ -169,6 +171,10 @@ class TrainerRuns(StrictModel):
     """Its exported config overlaps EP all-to-alls (``TrainingSpec.moe_a2a_overlap``)."""
     moe_host_sync_s: float = Field(default=0.0, ge=0.0, le=0.1)
     """Host stall per MoE layer forward (``TrainingSpec.moe_host_sync_s``)."""
+    optimizer_impl: Literal["fused", "foreach", "for_loop"] = "fused"
+    """Its optimizer update's implementation (``TrainingSpec.optimizer_impl``)."""
+    clip_scales_always: bool = False
+    """Its clipping scales every gradient (``TrainingSpec.clip_scales_always``)."""
 
 
 class TrainerSpec(StrictModel):
@@ -357,6 +363,8 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "ddp_sync_every_microbatch": runs.ddp_sync_every_microbatch,
              "loss_kernels": runs.loss_kernels, "logit_metric_passes": runs.logit_metric_passes,
              "moe_a2a_overlap": runs.moe_a2a_overlap, "moe_host_sync_s": runs.moe_host_sync_s,
+             "optimizer_impl": runs.optimizer_impl,
+             "clip_scales_always": runs.clip_scales_always,
              "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
              "grad_accumulation": runs.grad_accumulation.get(training.precision),
              "zero1_grad_all_reduce": runs.zero1_grad_all_reduce

@@ -44,6 +44,16 @@ class TrainingSpec(StrictModel):
     2 B each instead of 4 (apex DistributedFusedAdam ``dtype: bf16``; Megatron-Core
     ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``;
     DeepSeek-V3 tracks both AdamW moments in BF16, arXiv 2412.19437 sec 3.3.3)."""
+    optimizer_impl: Literal["fused", "foreach", "for_loop"] = "fused"
+    """How the optimizer update runs: one fused multi-tensor kernel (apex / Transformer Engine
+    / DeepSpeed ``FusedAdam``, ``torch.optim.AdamW(fused=True)``), PyTorch's ``foreach``
+    implementation, or a Python loop over the parameters (Composer's ``DecoupledAdamW``);
+    the unfused ones pass over the fp32 tensors many more times
+    (``simulator.grads.optimizer_bytes_per_param``)."""
+    clip_scales_always: bool = False
+    """Gradient clipping multiplies every gradient by the clamped coefficient even when it
+    does not clip (PyTorch's ``clip_grad_norm_``, FSDP's, torchtitan's); False: only when the
+    norm exceeds the limit (Megatron-Core)."""
     flash_attention: bool = True
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
     flash_attention_version: Literal[1, 2] = 2

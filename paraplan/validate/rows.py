@@ -67,6 +67,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TIED_EMBEDDING_SOURCES,
+    TORCHTITAN_FUSED_ADAMW_FROM,
     TORCHTITAN_LOSS_COMPILED_FROM,
     TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM,
     llama3_paper_layout,
@@ -410,6 +411,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         if (s.framework == "torchtitan" and when
                 and when < TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM):
             explicit["pp_grad_sync"] = "cascade"  # matters only where pp > 1
+        if s.framework == "torchtitan" and when and when < TORCHTITAN_FUSED_ADAMW_FROM:
+            explicit["optimizer_impl"] = "foreach"
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))
         if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:

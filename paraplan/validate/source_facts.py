@@ -188,6 +188,10 @@ TORCHTITAN_LOSS_COMPILED_FROM = (2025, 2)
 # ``backward_maybe_with_nosync``) each stage ran them after its last backward, ahead of that
 # backward's gradient send (``TrainingSpec.pp_grad_sync`` ``cascade``).
 TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM = (2025, 10)
+# pytorch/torchtitan 6e4988550 (2025-02-24, #881 "use Fused AdamW as default"); before it
+# ``optimizer.fused`` defaulted to False and ``build_optimizers`` passed ``foreach=not fused``
+# (torchtitan 9dec370, 2024-12-26, the commit of the 2024-12 H100 benchmarks).
+TORCHTITAN_FUSED_ADAMW_FROM = (2025, 2)
 ROW_DATE = re.compile(r"(20[12]\d)[-_]?(0[1-9]|1[0-2])")
 
 
