@@ -851,3 +851,16 @@ def test_optimizer_step_priced_on_the_shard_and_from_the_trainer():
     assert load_trainer("llm-foundry").runs.optimizer_impl == "for_loop"
     assert load_trainer("torchtitan").runs.clip_scales_always
     assert not load_trainer("megatron-core").runs.clip_scales_always
+
+
+def test_b200_attention_runs_at_the_measured_in_step_rate():
+    """stas00 (ml-engineering @744d01e1) measured FlashAttention-4 inside a Llama-3.1-8B step
+    on B200 at 834 TFLOP/s of causal model FLOPs, forward and backward together; the profile
+    gives that back at 8k tokens and d = 128 (backward 2.5x the forward's FLOPs), and GB200
+    1.025x it (NVIDIA's same-recipe A/Bs)."""
+    from paraplan.specs import load_gpu
+
+    for name, want in (("b200", 834.0), ("gb200", 834.0 * 1.025)):
+        dev = Device.of(load_gpu(name), "bf16")
+        combined = 3.5 / (1.0 / dev.attention_fwd_flops + 2.5 / dev.attention_bwd_flops)
+        assert combined / 1e12 == pytest.approx(want, rel=2e-3)
