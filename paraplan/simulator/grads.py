@@ -114,8 +114,8 @@ def optimizer_bytes_per_param(training: TrainingSpec) -> float:
       DistributedFusedAdam) writes the 16-bit parameter in its kernel. PyTorch FSDP
       (``fsdp_copies`` set) updates its fp32 parameter shards in place and casts them when it
       gathers them (priced with the gathers): no copies.
-    - fp16 loss scaling unscales every fp32 gradient first (read, write); fp8 with cached
-      weights casts each weight once per step (read 2, write the fp8 copy and its transpose).
+    - fp16 loss scaling unscales every fp32 gradient first (read, write). (fp8 with cached
+      weights also casts each weight once per step: ``optimizer_step_time`` adds it.)
 
     Megatron-Core with a bf16 gradient buffer: 24 + 4 + 4 + 6 + 6 = 44 B; with an fp32 one
     38 B; torchtitan's FSDP2 with fused AdamW 24 + 4 + 4 + 8 = 40 B; its foreach AdamW and
