@@ -9,11 +9,11 @@ from paraplan.validate.predict import run_memory, run_published
 from paraplan.validate.published import DATA_DIR
 
 
-def table(result: dict, title: str) -> str:
+def table(result: dict, title: str, key: str = "by_source", label: str = "source") -> str:
     lines = [f"**{title}**", "",
-             "| source | rows | predicted | MAPE % | MAPE % (plan stated) | worst row (error) |",
+             f"| {label} | rows | predicted | MAPE % | MAPE % (plan stated) | worst row (error) |",
              "|---|---:|---:|---:|---:|---|"]
-    for src, info in result["by_source"].items():
+    for src, info in result[key].items():
         worst = info.get("worst_row")
         mape = "-" if info["mape_pct"] is None else f"{info['mape_pct']:.1f}"
         cert = "-" if info.get("mape_pct_certain") is None else f"{info['mape_pct_certain']:.1f}"
@@ -28,8 +28,10 @@ def table(result: dict, title: str) -> str:
 
 
 def main() -> None:
-    print(table(run_published(),
-                "published_throughput.csv (shared/validation), error on step time"))
+    published = run_published()
+    print(table(published, "published_throughput.csv (shared/validation), error on step time"))
+    print()
+    print(table(published, "the same rows by GPU type", "by_gpu", "GPU"))
     print()
     print(table(run_published(str(DATA_DIR / "holdout" / "holdout_throughput.csv")),
                 "hold-out runs (paraplan/validate/data/holdout), error on step time"))

@@ -312,6 +312,9 @@ def test_validate_published_takes_an_unknown_source_with_a_trainer_column(tmp_pa
     assert status[:2] == ["ok", "ok"] and status[2] == "skipped"  # mfu needs a FLOP formula
     assert [r["trainer"] for r in data["rows"][:2]] == ["torchtitan", "megatron-core"]
     assert set(data["by_trainer"]) == {"torchtitan", "megatron-core"}
+    # ... and by GPU type, every row (predicted or not) in its GPU's group.
+    assert [r["gpu"] for r in data["rows"]] == ["h100-sxm"] * 3
+    assert data["by_gpu"]["h100-sxm"]["n_rows"] == 3 and data["by_gpu"]["h100-sxm"]["n"] == 2
 
 
 def test_explain_suggests_only_what_the_trainer_can_run():

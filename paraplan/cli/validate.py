@@ -97,7 +97,7 @@ def validate_published_cmd(
 
 
 def _print_validation(out: Console, result: dict[str, Any]) -> None:
-    for key, label in (("by_source", "source"), ("by_trainer", "trainer")):
+    for key, label in (("by_source", "source"), ("by_trainer", "trainer"), ("by_gpu", "GPU")):
         table = Table(title=f"error vs published runs by {label} (MAPE on step time; memory "
                       "rows on GiB)", title_justify="left")
         for col in (label, "rows", "predicted", "MAPE %", "MAPE % (plan certain)",

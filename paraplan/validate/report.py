@@ -64,7 +64,7 @@ def _worst(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _group(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """Error summary per value of ``key`` (``source_id`` or ``trainer``)."""
+    """Error summary per value of ``key`` (``source_id``, ``trainer`` or ``gpu``)."""
     out: dict[str, Any] = {}
     for value in dict.fromkeys(r[key] for r in rows):
         mine = [r for r in rows if r[key] == value]
@@ -86,7 +86,8 @@ def _summary(rows: list[dict[str, Any]], basis: str) -> dict[str, Any]:
     certain = [r for r in ok if not r["doubtful"]]
     return {
         "rows": rows, "mape_pct": _mape(ok), "by_source": _group(rows, "source_id"),
-        "by_trainer": _group(rows, "trainer"), "n_too_fast": sum(r["error_pct"] < 0 for r in ok),
+        "by_trainer": _group(rows, "trainer"), "by_gpu": _group(rows, "gpu"),
+        "n_too_fast": sum(r["error_pct"] < 0 for r in ok),
         "n_rows": len(rows),
         "n_predicted": len(ok),
         "coverage_pct": 100.0 * len(ok) / len(rows) if rows else 0.0,
@@ -97,6 +98,15 @@ def _summary(rows: list[dict[str, Any]], basis: str) -> dict[str, Any]:
     }
 
 
+def _gpu(case: _Case) -> str:
+    """The row's GPU type(s) as paraplan names them (``+``-joined on a mixed cluster);
+    ``unknown`` where the row built no cluster."""
+    cluster = getattr(case, "cluster", None)
+    if cluster is None:
+        return "unknown"
+    return "+".join(dict.fromkeys(g.gpu.name for g in cluster.node_groups))
+
+
 def _row(case: _Case, **extra: Any) -> dict[str, Any]:
     """A report row for ``case`` before prediction (status skipped until scored)."""
     return {
@@ -104,7 +114,7 @@ def _row(case: _Case, **extra: Any) -> dict[str, Any]:
         "measured": _finite(case.measured), "predicted": None, "error_pct": None,
         "status": "skipped", "reason": case.skip_reason, "doubtful": case.doubtful,
         "model": case.model_name, "plan": case.plan.short() if case.plan else None,
-        "framework": case.framework, "trainer": case.framework, **extra,
+        "framework": case.framework, "trainer": case.framework, "gpu": _gpu(case), **extra,
     }
 
 
