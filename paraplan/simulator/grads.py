@@ -127,10 +127,12 @@ def optimizer_bytes_per_param(training: TrainingSpec) -> float:
         training.moments_dtype == "fp32"
     if fsdp:
         grad = float(training.sharded_grad_bytes)
-    elif separate or not mixed:
-        grad = FP32_BYTES if (separate or training.precision == "fp32") else cb
-    else:
+    elif separate or training.precision == "fp32":  # fp32 main gradients
+        grad = FP32_BYTES
+    elif mixed:  # a 16-bit-state optimizer reads the gradient buffer
         grad = float(training.grad_buffer_bytes)
+    else:  # no master copy: the 16-bit gradients of the 16-bit parameters
+        grad = cb
     per_param = 2.0 * states + grad
     if training.optimizer_impl != "fused" and training.optimizer in ("adam", "adamw"):
         per_param += UNFUSED_ADAM_EXTRA_PASSES * FP32_BYTES

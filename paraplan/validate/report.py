@@ -102,9 +102,7 @@ def _gpu(case: _Case) -> str:
     """The row's GPU type(s) as paraplan names them (``+``-joined on a mixed cluster);
     ``unknown`` where the row built no cluster."""
     cluster = getattr(case, "cluster", None)
-    if cluster is None:
-        return "unknown"
-    return "+".join(dict.fromkeys(g.gpu.name for g in cluster.node_groups))
+    return "unknown" if cluster is None else "+".join(cluster.gpu_types)
 
 
 def _row(case: _Case, **extra: Any) -> dict[str, Any]:
