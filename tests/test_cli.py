@@ -68,8 +68,8 @@ def test_describe_shows_a_power_limited_gpu_and_refuses_one_off_its_curve(tmp_pa
     res = run("describe", "--cluster", str(capped), "--format", "json")
     assert res.returncode == 0, res.stderr
     group = json.loads(res.stdout)["node_groups"][0]
-    assert group["power_limit_W"] == 500 and group["compute_at_power_limit"] == 0.8962
-    assert "@500W x0.896" in run("describe", "--cluster", str(capped)).stdout
+    assert group["power_limit_W"] == 500 and group["compute_at_power_limit"] == 0.844
+    assert "@500W x0.844" in run("describe", "--cluster", str(capped)).stdout
     capped.write_text(capped.read_text().replace("500", "250"))
     res = run("describe", "--cluster", str(capped))
     assert res.returncode == 2 and "gpu_power_limit_W=250" in res.stderr

@@ -164,7 +164,7 @@ def test_sustained_gemm_figure_sets_the_level_and_the_table_the_shape():
         2 * 1024 * 4096 * 2048 / (989e12 * 0.7077 * ratio))
     assert bf16.attention_fwd_flops == pytest.approx(989e12 * 0.35 * 0.921)
     capped = Device.of(h100.model_validate({**h100.model_dump(), "power_limit_W": 500}), "bf16")
-    frac = (835 + (989 - 835) / 3) / 989
+    frac = 0.805 + (1.0 - 0.805) * 50 / 250  # the measured power curve at 500 W
     assert capped.matmul_flops == pytest.approx(989e12 * 0.7077 * frac, rel=1e-3)
     assert gemm_time(capped, 8192, 8192, 8192) == pytest.approx(
         flops / (989e12 * 0.7077 * frac), rel=1e-3)
@@ -194,18 +194,25 @@ def test_sustained_clock_scales_compute_not_memory():
         free.attention_bwd_flops * 0.853)
 
 
-def test_power_limit_interpolates_the_rated_peaks_of_the_same_die():
-    """H100 at a 500 W cap: between NVIDIA's rated dense BF16 of the H100 NVL (835 TFLOPS at
-    400 W) and the SXM (989 at 700 W): (835 + (989 - 835) / 3) / 989 = 0.8962 of the SXM's
-    compute; memory bandwidth untouched. The HBM2e part ships at 500 W (torchtitan)."""
+def test_power_limit_follows_the_measured_power_curve_of_the_same_system():
+    """H100 SXM under a cap: NVIDIA's MLPerf Inference v4.0 ran the same 8x H100 SXM system
+    at 700 W and at 450 W / 350 W: Llama2-70B Offline 21,805.8 -> 17,561.6 tokens/s (0.805),
+    GPT-J Offline 239.895 -> 178.896 samples/s (0.746). At 500 W (Grand Teton's default, the
+    HBM2e part): 0.805 + 0.195 * 50 / 250 = 0.844 of the 700 W compute; memory bandwidth
+    untouched. H200 (v4.1): Llama2-70B 31,302.7 -> 25,262.1 at 500 W (0.807)."""
     from paraplan.specs import load_gpu
 
     sxm = load_gpu("h100-sxm")
     assert sxm.power_fraction == 1.0  # no limit set: the TDP
     capped = sxm.model_validate({**sxm.model_dump(), "power_limit_W": 500})
-    assert capped.power_fraction == pytest.approx((835 + (989 - 835) / 3) / 989, abs=2e-4)
-    at400 = sxm.model_validate({**sxm.model_dump(), "power_limit_W": 400})
-    assert at400.power_fraction == pytest.approx(835 / 989, abs=2e-4)
+    assert capped.power_fraction == pytest.approx(0.844, abs=1e-4)
+    at450 = sxm.model_validate({**sxm.model_dump(), "power_limit_W": 450})
+    assert at450.power_fraction == pytest.approx(17561.6 / 21805.8, abs=1e-3)
+    at350 = sxm.model_validate({**sxm.model_dump(), "power_limit_W": 350})
+    assert at350.power_fraction == pytest.approx(178.896 / 239.895, abs=1e-3)
+    h200 = load_gpu("h200")
+    at500 = h200.model_validate({**h200.model_dump(), "power_limit_W": 500})
+    assert at500.power_fraction == pytest.approx(25262.1 / 31302.7, abs=1e-3)
     full, low = Device.of(sxm, "bf16"), Device.of(capped, "bf16")
     assert low.matmul_flops == pytest.approx(full.matmul_flops * capped.power_fraction)
     assert low.attention_bwd_flops == pytest.approx(full.attention_bwd_flops
@@ -335,7 +342,7 @@ def test_power_limit_off_the_curve_is_refused(tmp_path):
     with pytest.raises(SpecError) as err:
         load_cluster(str(path))
     assert err.value.field == "cluster.node.gpu_power_limit_W"
-    assert "400 W or more" in str(err.value.allowed)
+    assert "350 W or more" in str(err.value.allowed)
     # A capped group is its own GPU type: a stage on it is priced capped whatever the order.
     mixed = tmp_path / "mixed.yaml"
     group = "{gpu: h100-sxm, gpus_per_node: 8, intra_node_link: nvlink4, inter_node_link: ib-ndr"
@@ -343,7 +350,8 @@ def test_power_limit_off_the_curve_is_refused(tmp_path):
                      "gpu_power_limit_W: 400}\n")
     cluster = load_cluster(str(mixed))
     assert [g.gpu.name for g in cluster.node_groups] == ["h100-sxm", "h100-sxm@400W"]
-    assert cluster.node_groups[1].gpu.power_fraction == pytest.approx(0.8443)
+    # 400 W: halfway between the measured 350 W (0.746) and 450 W (0.805) points
+    assert cluster.node_groups[1].gpu.power_fraction == pytest.approx(0.7755)
 
 
 def test_loss_passes_by_implementation_by_hand():
