@@ -368,6 +368,53 @@ def test_hf_import_reads_the_swiglu_limit(tmp_path) -> None:
     assert load_model(str(path)).glu_clamp == 5.0
 
 
+def test_yarn_rope_runs_unfused_under_megatron_core(tmp_path) -> None:
+    """gpt-oss scales RoPE's cos and sin by YaRN's attention factor 0.1 ln 32 + 1 = 1.3466;
+    Transformer Engine's fused RoPE takes no scale, so Megatron-Core applies it in unfused ops
+    (24 B per q/k element forward instead of 4, rope_utils.py). A trainer whose fused kernel
+    applies it (torchtitan compiles its own) and a factor of 1 pay nothing extra."""
+    import json
+    import math
+
+    from paraplan.simulator.elementwise import UNFUSED_ROPE_BYTES
+    from paraplan.specs.errors import SpecError
+    from tests.test_formulas import load_trainer_training
+    from tests.test_model_params import HF
+
+    model = load_model("gpt-oss-120b")
+    assert model.rope_attention_factor == pytest.approx(0.1 * math.log(32) + 1, abs=1e-4)
+    plain = model.model_copy(update={"rope_attention_factor": None})
+    plan = ParallelPlan(ep=8, micro_batch_size=1)
+    base = TrainingSpec(global_batch_size=64, seq_len=4096)
+    mcore = load_trainer_training("megatron-core", base)
+    assert mcore.kernels == "fused" and not mcore.fused_rope_scales
+    extra = (elementwise_bytes_per_token(model, mcore, plan, moe=True)
+             - elementwise_bytes_per_token(plain, mcore, plan, moe=True))
+    assert extra == pytest.approx((UNFUSED_ROPE_BYTES - 4.0) * model.attention.rope_width)
+    titan = load_trainer_training("torchtitan", base)
+    assert titan.fused_rope_scales
+    assert elementwise_bytes_per_token(model, titan, plan, moe=True) == pytest.approx(
+        elementwise_bytes_per_token(plain, titan, plan, moe=True))
+    one = model.model_copy(update={"rope_attention_factor": 1.0})
+    assert elementwise_bytes_per_token(one, mcore, plan, moe=True) == pytest.approx(
+        elementwise_bytes_per_token(plain, mcore, plan, moe=True))
+    # config.json: transformers' rule (attention_factor, else the mscale ratio, else the log).
+    cfg = json.loads((HF / "gpt-oss-20b.json").read_text())
+    assert load_model(str(HF / "gpt-oss-20b.json")).rope_attention_factor == pytest.approx(
+        0.1 * math.log(32) + 1)
+    path = tmp_path / "config.json"
+    for scaling, want in (({"type": "yarn", "factor": 40, "mscale": 1.0,
+                            "mscale_all_dim": 1.0}, 1.0),
+                          ({"rope_type": "yarn", "factor": 4, "attention_factor": 1.2}, 1.2),
+                          ({"rope_type": "llama3", "factor": 8.0}, None)):
+        path.write_text(json.dumps({**cfg, "rope_scaling": scaling}))
+        got = load_model(str(path)).rope_attention_factor
+        assert got == (pytest.approx(want) if want is not None else None)
+    path.write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": "x"}}))
+    with pytest.raises(SpecError, match="rope_scaling.factor"):
+        load_model(str(path))
+
+
 @pytest.mark.parametrize("ep,etp,sp", [(8, 1, False), (32, 1, True), (4, 2, True)])
 def test_the_attention_half_a_search_shares_prices_the_layer_as_computing_it(ep, etp, sp
                                                                               ) -> None:

@@ -24,6 +24,12 @@ GLU_CLAMP_BYTES = {"fused": 16.0, "eager": 20.0}
 # ``torch.cat``): write b * p (2), read both and write (6), the concatenation (4); an eager
 # stack's indexed bias add writes the gathered bias (2) and adds (6).
 EXPERT_BIAS_BYTES = {"fused": 12.0, "eager": 8.0}
+# Megatron-Core's unfused RoPE (``_apply_rotary_pos_emb_bshd``, rope_utils.py at core_r0.16),
+# bytes per 16-bit element of q and k in the forward: ``t * cos`` (read + write: 4), the
+# rotated half (negate one half: 2, concatenate: 4), ``* sin`` (4), the sum (6) and the
+# closing ``torch.cat`` with the (empty) pass-through part (4), against the fused kernel's 4.
+# Megatron takes it whenever YaRN's attention factor is not 1 (``TrainingSpec.fused_rope_scales``).
+UNFUSED_ROPE_BYTES = 24.0
 # Single-kernel norms and activations do not stream at a copy's bandwidth: each row's
 # reduction (norms) or the transcendental math and two inputs (gated activations) hold them
 # below it. Measured on an H200 at its power-limited clock (benchmarks/device/
@@ -47,6 +53,16 @@ def norm_bytes(kind: str, *, eager: bool) -> float:
     (upcast, square, mean, scale, downcast, weight: 36); a single norm kernel reads and writes
     once (4) at its measured cost (``NORM_KERNEL_COST``)."""
     return 36.0 if eager and kind == "rmsnorm" else 4.0 * NORM_KERNEL_COST[kind]
+
+
+def rope_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes per q/k element of a fused stack's rotary embedding forward: one kernel (4), or
+    Megatron-Core's unfused ops when YaRN scales cos and sin and its fused kernel cannot
+    (``UNFUSED_ROPE_BYTES``)."""
+    factor = model.rope_attention_factor
+    if factor is not None and factor != 1.0 and not training.fused_rope_scales:
+        return UNFUSED_ROPE_BYTES
+    return 4.0
 
 
 def elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -98,7 +114,8 @@ def shared_elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec,
         model.num_shared_experts / t
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention
-    rope = (20.0 if eager else 4.0) if model.position_embedding == "rope" else 0.0
+    rope = (20.0 if eager else rope_bytes(model, training)) \
+        if model.position_embedding == "rope" else 0.0
     per_token += rope * att.rope_width / t
     if model.qk_norm:  # per-head RMSNorm of q and k (RMSNorm whatever the layer norm is)
         per_token += norm_bytes("rmsnorm", eager=eager) * (att.q_width + att.k_width) / t

@@ -5,12 +5,13 @@ Gemma, DeepSeek-MoE and DeepSeek-V2/V3 (multi-head latent attention, multi-token
 gpt-oss, Llama 4 (its text model), GPT-NeoX and GPT-2. Keys follow each family's
 ``configuration_*.py`` in transformers; defaults below are those classes' defaults (e.g. Llama
 ties embeddings only when asked, GPT-2 always ties). Fields that do not change the cost
-(``routed_scaling_factor``, router scoring, rope scaling) are ignored; DeepSeek's
-``n_group``/``topk_group`` limit how many nodes a token's experts span.
+(``routed_scaling_factor``, router scoring, rope scaling other than YaRN's attention factor)
+are ignored; DeepSeek's ``n_group``/``topk_group`` limit how many nodes a token's experts span.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -145,6 +146,9 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         fields["num_shared_experts"] = shared
         fields.update(_moe_layout(cfg))
     fields.update(_attention_fields(cfg, model_type, layers))
+    factor = _yarn_attention_factor(cfg.get("rope_scaling"))
+    if factor is not None:
+        fields["rope_attention_factor"] = factor
     if model_type == "gpt_oss":  # biases on q/k/v/o and on every expert (modeling_gpt_oss.py)
         fields["use_bias"] = True
         limit = cfg.get("swiglu_limit", 7.0)  # GptOssConfig's default
@@ -171,6 +175,39 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
                 text = text.replace(f"config.json.{ours}", f"config.json key {present}")
         raise SpecError(text, field=err.field, value=err.value) from None
 
+
+
+def _yarn_attention_factor(scaling: Any) -> float | None:
+    """YaRN's attention factor from ``rope_scaling`` as transformers computes it
+    (modeling_rope_utils.py ``_compute_yarn_parameters``): ``attention_factor`` if given, else
+    get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both are given, else
+    get_mscale(factor) = 0.1 ln(factor) + 1 (1 for factor <= 1). None: not YaRN."""
+    if not isinstance(scaling, dict) or \
+            (scaling.get("rope_type") or scaling.get("type")) != "yarn":
+        return None
+
+    def number(key: str, default: float | None) -> float | None:
+        value = scaling.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not 0 < value <= 1_000_000:
+            raise SpecError(f"config.json key rope_scaling.{key}={short_repr(value)} must be "
+                            "a number > 0", field=f"rope_scaling.{key}", value=value,
+                            allowed="a number > 0")
+        return float(value)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    given = number("attention_factor", None)
+    if given is not None:
+        return given
+    factor = number("factor", 1.0) or 1.0
+    m, m_all = number("mscale", None), number("mscale_all_dim", None)
+    if m is not None and m_all is not None:
+        return mscale(factor, m) / mscale(factor, m_all)
+    return mscale(factor)
 
 
 def _moe_layout(cfg: dict[str, Any]) -> dict[str, Any]:

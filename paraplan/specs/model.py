@@ -61,6 +61,12 @@ class ModelSpec(StrictModel):
     """A gated MLP that clamps its gate half at this value from above and its linear half to
     +-this value, and adds 1 to the linear half (gpt-oss ``swiglu_limit`` 7.0: openai/gpt-oss
     gpt_oss/torch/model.py ``swiglu``); None: a plain GLU."""
+    rope_attention_factor: float | None = Field(default=None, gt=0, le=100)
+    """YaRN's attention factor ("mscale", the concentration factor): rotary embeddings multiply
+    their cos and sin by it (Peng et al. 2023, arXiv:2309.00071 eq. 22; transformers
+    ``_compute_yarn_parameters``: 0.1 ln(factor) + 1 unless ``attention_factor`` or
+    mscale / mscale_all_dim are given). gpt-oss: factor 32 -> 1.3466; None or 1.0: plain RoPE
+    (DeepSeek-V3's mscale / mscale_all_dim cancel to 1.0)."""
     qkv_bias: bool = False
     """Only the Q/K/V projections carry biases (Qwen2)."""
     embedding_layernorm: bool = False

@@ -175,6 +175,8 @@ class TrainerRuns(StrictModel):
     """Its optimizer update's implementation (``TrainingSpec.optimizer_impl``)."""
     clip_scales_always: bool = False
     """Its clipping scales every gradient (``TrainingSpec.clip_scales_always``)."""
+    fused_rope_scales: bool = True
+    """Its fused RoPE applies YaRN's attention factor (``TrainingSpec.fused_rope_scales``)."""
 
 
 class TrainerSpec(StrictModel):
@@ -365,6 +367,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "moe_a2a_overlap": runs.moe_a2a_overlap, "moe_host_sync_s": runs.moe_host_sync_s,
              "optimizer_impl": runs.optimizer_impl,
              "clip_scales_always": runs.clip_scales_always,
+             "fused_rope_scales": runs.fused_rope_scales,
              "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
              "grad_accumulation": runs.grad_accumulation.get(training.precision),
              "zero1_grad_all_reduce": runs.zero1_grad_all_reduce

@@ -54,6 +54,11 @@ class TrainingSpec(StrictModel):
     """Gradient clipping multiplies every gradient by the clamped coefficient even when it
     does not clip (PyTorch's ``clip_grad_norm_``, FSDP's, torchtitan's); False: only when the
     norm exceeds the limit (Megatron-Core)."""
+    fused_rope_scales: bool = True
+    """Its fused rotary-embedding kernel applies YaRN's attention factor
+    (``ModelSpec.rope_attention_factor``). False: a model whose factor is not 1 gets its RoPE
+    in unfused PyTorch ops (Megatron-Core: Transformer Engine's fused RoPE takes no scale,
+    ``elementwise.UNFUSED_ROPE_BYTES``)."""
     flash_attention: bool = True
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
     flash_attention_version: Literal[1, 2] = 2
