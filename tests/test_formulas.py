@@ -194,6 +194,21 @@ def test_sustained_clock_scales_compute_not_memory():
         free.attention_bwd_flops * 0.853)
 
 
+def test_v100_gemms_run_at_the_measured_sxm2_rate():
+    """V100 SXM2: torch.mm of random 8192^2 FP16 matrices on a V100-SXM2-16GB ran 97.36 of
+    125 TFLOPS (0.779; the old 0.9 was a V100 PCIe's ratio to its own 112). Both V100 SXM2
+    profiles price the same die; no sustained-clock factor on top (the figure is warmed)."""
+    from paraplan.specs import load_gpu
+
+    for name in ("v100-sxm2-16gb", "v100-sxm2-32gb"):
+        v100 = load_gpu(name)
+        dev = Device.of(v100, "fp16")
+        assert v100.sustained_clock_fraction == 1.0
+        assert dev.matmul_flops == pytest.approx(97.36e12, rel=2e-3)
+        flops = 2 * 8192.0 ** 3
+        assert gemm_time(dev, 8192, 8192, 8192) == pytest.approx(flops / 97.36e12, rel=0.02)
+
+
 def test_power_limit_follows_the_measured_power_curve_of_the_same_system():
     """H100 SXM under a cap: NVIDIA's MLPerf Inference v4.0 ran the same 8x H100 SXM system
     at 700 W and at 450 W / 350 W: Llama2-70B Offline 21,805.8 -> 17,561.6 tokens/s (0.805),
