@@ -697,7 +697,6 @@ def test_layer_checkpointing_is_half_full_recompute():
     assert hw["layer"] == pytest.approx((hw["none"] + hw["full"]) / 2, rel=1e-12)
 
 
-
 def test_op_level_sac_reruns_the_tensor_parallel_all_gathers():
     """torchtitan's op-level SAC saves reduce-scatter outputs but not all-gathers, so the
     backward's recompute gathers attention's and the MLP's inputs again: one all-reduce's

@@ -56,9 +56,11 @@ def norm_bytes(kind: str, *, eager: bool) -> float:
 
 
 def rope_bytes(model: ModelSpec, training: TrainingSpec) -> float:
-    """Bytes per q/k element of a fused stack's rotary embedding forward: one kernel (4), or
-    Megatron-Core's unfused ops when YaRN scales cos and sin and its fused kernel cannot
-    (``UNFUSED_ROPE_BYTES``)."""
+    """Bytes per q/k element of the rotary embedding's forward: eager PyTorch's fp32 complex
+    views (20), one fused kernel (4), or Megatron-Core's unfused ops when YaRN scales cos and
+    sin and its fused kernel cannot (``UNFUSED_ROPE_BYTES``)."""
+    if training.kernels == "eager":
+        return 20.0
     factor = model.rope_attention_factor
     if factor is not None and factor != 1.0 and not training.fused_rope_scales:
         return UNFUSED_ROPE_BYTES
@@ -114,8 +116,7 @@ def shared_elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec,
         model.num_shared_experts / t
     per_token = (2 * norm + 2 * 6.0) * h / sp
     att = model.attention
-    rope = (20.0 if eager else rope_bytes(model, training)) \
-        if model.position_embedding == "rope" else 0.0
+    rope = rope_bytes(model, training) if model.position_embedding == "rope" else 0.0
     per_token += rope * att.rope_width / t
     if model.qk_norm:  # per-head RMSNorm of q and k (RMSNorm whatever the layer norm is)
         per_token += norm_bytes("rmsnorm", eager=eager) * (att.q_width + att.k_width) / t

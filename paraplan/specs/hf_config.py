@@ -151,13 +151,8 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         fields["rope_attention_factor"] = factor
     if model_type == "gpt_oss":  # biases on q/k/v/o and on every expert (modeling_gpt_oss.py)
         fields["use_bias"] = True
-        limit = cfg.get("swiglu_limit", 7.0)  # GptOssConfig's default
-        if isinstance(limit, bool) or not isinstance(limit, int | float) \
-                or not 0 < limit <= 1_000_000:
-            raise SpecError(f"config.json key swiglu_limit={short_repr(limit)} must be a "
-                            "number > 0", field="swiglu_limit", value=limit,
-                            allowed="a number > 0")
-        fields["glu_clamp"] = float(limit)
+        # GptOssConfig's default limit
+        fields["glu_clamp"] = _positive_number(cfg.get("swiglu_limit", 7.0), "swiglu_limit")
     # The authors' active counts leave out the input embedding: stated in the gpt-oss model
     # card (Table 1 caption); DeepSeek-V2's 21B and V3's 36.7B (README_WEIGHTS.md) reproduce
     # only that way (20.85B and 36.63B; with the embedding 21.38B and 37.55B).
@@ -176,6 +171,15 @@ def model_from_hf_config(cfg: Any, name: str = "hf-model") -> ModelSpec:
         raise SpecError(text, field=err.field, value=err.value) from None
 
 
+def _positive_number(value: Any, key: str) -> float:
+    """``value`` of config.json key ``key`` as a float, or a one-line error naming the key
+    unless it is a number in (0, 1e6]."""
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0 < value <= 1_000_000:
+        raise SpecError(f"config.json key {key}={short_repr(value)} must be a number > 0",
+                        field=key, value=value, allowed="a number > 0")
+    return float(value)
+
 
 def _yarn_attention_factor(scaling: Any) -> float | None:
     """YaRN's attention factor from ``rope_scaling`` as transformers computes it
@@ -188,14 +192,7 @@ def _yarn_attention_factor(scaling: Any) -> float | None:
 
     def number(key: str, default: float | None) -> float | None:
         value = scaling.get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not 0 < value <= 1_000_000:
-            raise SpecError(f"config.json key rope_scaling.{key}={short_repr(value)} must be "
-                            "a number > 0", field=f"rope_scaling.{key}", value=value,
-                            allowed="a number > 0")
-        return float(value)
+        return None if value is None else _positive_number(value, f"rope_scaling.{key}")
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -203,7 +200,7 @@ def _yarn_attention_factor(scaling: Any) -> float | None:
     given = number("attention_factor", None)
     if given is not None:
         return given
-    factor = number("factor", 1.0) or 1.0
+    factor = number("factor", 1.0)
     m, m_all = number("mscale", None), number("mscale_all_dim", None)
     if m is not None and m_all is not None:
         return mscale(factor, m) / mscale(factor, m_all)

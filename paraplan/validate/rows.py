@@ -402,16 +402,20 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         s.overlap = s.overlap if s.overlap is not None else trainer.runs.overlap_grad_reduce
         explicit: dict[str, Any] = {}
         when = row_year_month(cell(row, "source_location") + " " + notes)
+
+        def torchtitan_before(date: tuple[int, int]) -> bool:
+            """A torchtitan row dated before ``date`` (year, month)."""
+            return s.framework == "torchtitan" and when is not None and when < date
+
         if "compile" in notes:
             explicit["kernels"] = "fused"
-            if s.framework == "torchtitan" and when and when < TORCHTITAN_LOSS_COMPILED_FROM:
+            if torchtitan_before(TORCHTITAN_LOSS_COMPILED_FROM):
                 explicit["loss_kernels"] = "eager"
                 s.notes.append("loss eager: torchtitan compiled only the TransformerBlocks "
                                "before 2025-02")
-        if (s.framework == "torchtitan" and when
-                and when < TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM):
+        if torchtitan_before(TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM):
             explicit["pp_grad_sync"] = "cascade"  # matters only where pp > 1
-        if s.framework == "torchtitan" and when and when < TORCHTITAN_FUSED_ADAMW_FROM:
+        if torchtitan_before(TORCHTITAN_FUSED_ADAMW_FROM):
             explicit["optimizer_impl"] = "foreach"
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))
