@@ -642,6 +642,30 @@ def test_pytorch_ring_attention_merges_in_fp32():
     assert load_trainer("megatron-core").runs.cp_merge == "fused"
 
 
+def test_flash_attn_varlen_packing_moves_its_copies():
+    # Hand count (copies.unpad_bytes), bf16, an MHA layer of width h: forward gathers q, k, v
+    # (read + write: 4 B each) and scatters the output into zeros (zero, read, write: 6 B), 18h;
+    # backward scatters dq, dk, dv into zeros (6 B each) and gathers the output's gradient
+    # (4 B), 22h. MPT-7b (h 4096), 8 H100, mbs 6, seq 2048: per layer and micro-batch
+    # 12,288 tokens x 18 (22) x 4096 B at 0.9 x 3.35 TB/s.
+    from paraplan.simulator.compute import Device, attention_times
+    from paraplan.simulator.copies import unpad_bytes
+
+    assert unpad_bytes(3 * 2048.0, 2048.0, 2.0) == (18 * 2048, 22 * 2048)
+    model, cluster = load_model("mpt-7b"), load_cluster("dgx-h100")
+    plain = TrainingSpec(global_batch_size=48, seq_len=2048)
+    packed = plain.model_copy(update={"attention_unpad": True})
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=6")
+    dev = Device.of_training(cluster.gpu, plain)
+    _, f0, b0 = attention_times(model, plain, plan, dev)
+    _, f1, b1 = attention_times(model, packed, plan, dev)
+    tokens = 6 * 2048
+    assert f1 - f0 == pytest.approx(tokens * 18 * 4096 / (0.9 * 3350e9))
+    assert b1 - b0 == pytest.approx(tokens * 22 * 4096 / (0.9 * 3350e9))
+    assert (simulate(model, cluster, packed, plan).step_time_s
+            > simulate(model, cluster, plain, plan).step_time_s)
+
+
 def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
     # FSDP reshards after every backward, so its ZeRO-2 with accumulation all-gathers the
     # parameters once per micro-batch (m), not once per step (DeepSpeed stage 2), and does so

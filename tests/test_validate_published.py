@@ -277,6 +277,10 @@ def test_mpt_large_scale_rows_run_the_attention_their_sweep_names(cases, rows):
         dict.fromkeys(("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b"), 2)
     assert seen[(True, "MPT-13b")] == seen[(True, "MPT-30b")] == 1
     assert {v for (large, _), v in seen.items() if not large} == {1}
+    # flash_attn_fn packs q, k, v with flash-attn's unpad_input (the triton path does not).
+    for case, row in zip(cases[:len(rows)], rows, strict=True):
+        if row["source_id"] == "mosaicml_llmfoundry_mpt":
+            assert case.training.attention_unpad == (case.training.flash_attention_version == 2)
 
 
 

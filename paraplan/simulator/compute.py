@@ -20,7 +20,7 @@ import numpy as np
 
 from paraplan.simulator import moe as routing
 from paraplan.simulator.attention_shape import attention_shape_factors
-from paraplan.simulator.copies import eager_ring_bytes
+from paraplan.simulator.copies import eager_ring_bytes, unpad_bytes
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -271,8 +271,9 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     Projections (QKV + O; MLA's replicated down projection whole): TP splits each one's output
     (column-parallel) or input (row-parallel) dimension by t, on b*s/cp tokens. Attention
     scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip the masked
-    half; without flash the s x s scores are materialised (memory-bound softmax); ring
-    attention adds its merges (``cp_merge_times``)."""
+    half; without flash the s x s scores are materialised (memory-bound softmax); flash-attn's
+    variable-length packing adds its copies (``copies.unpad_bytes``), ring attention its
+    merges (``cp_merge_times``)."""
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     att = model.attention
@@ -301,6 +302,11 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
         attn_fwd = score_flops / device.matmul_flops + softmax_bytes / device.memory_Bps
         attn_bwd = 2.0 * score_flops / device.matmul_flops + 2.0 * softmax_bytes / \
             device.memory_Bps
+    if training.attention_unpad and training.flash_attention:
+        fwd_b, bwd_b = unpad_bytes((att.q_width + att.k_width + att.v_width) / t,
+                                   att.o_width / t, training.compute_bytes)
+        attn_fwd += b * s_q * fwd_b / device.memory_Bps
+        attn_bwd += b * s_q * bwd_b / device.memory_Bps
     if plan.cp > 1:
         merge_f, merge_b = cp_merge_times(model, training, plan, device)
         attn_fwd += merge_f

@@ -110,3 +110,17 @@ def eager_ring_bytes(cp: int, q_elems: float, kv_elems: float, cb: float
     bwd = (cp * (acc * q_elems + (acc + 8.0) * kv_elems) + steps * 2.0 * cb * kv_elems
            + (4.0 + 4.0 + cb) * (q_elems + kv_elems))
     return fwd, bwd, (10 * steps + 2, 5 * cp + 2 * steps + 6)
+
+
+def unpad_bytes(qkv_elems: float, out_elems: float, cb: float) -> tuple[float, float]:
+    """(forward, backward) bytes per token of flash-attn's variable-length packing around the
+    attention kernel (``TrainingSpec.attention_unpad``; flash-attn ``bert_padding.py``, the
+    same code from v1.0 to v2.x, called by llm-foundry's ``flash_attn_fn``): ``unpad_input``
+    gathers q, k and v into the packed layout (``IndexFirstAxis``: ``torch.gather``, read and
+    write), ``pad_input`` scatters the output into a zeroed tensor (``IndexPutFirstAxis``:
+    ``torch.zeros``, then read and write). Backward: each of q, k, v scatters its gradient
+    into a zeroed tensor (zero, read, write), the output's gradient is gathered (read,
+    write). ``qkv_elems``: q + k + v elements per token on the rank, ``out_elems``: the
+    output's; ``cb``: bytes per element. (Each ``unpad_input`` also reads a host value back,
+    ``nonzero`` and ``.item()``, which is not priced.)"""
+    return cb * (2.0 * qkv_elems + 3.0 * out_elems), cb * (3.0 * qkv_elems + 2.0 * out_elems)

@@ -64,6 +64,11 @@ class TrainingSpec(StrictModel):
     flash_attention_version: Literal[1, 2] = 2
     """1 = FlashAttention-1-class kernels (flash-attn 1.x, the Triton flash kernel): about
     half the throughput of FlashAttention-2 (Dao 2023, abstract: "2x speedup")."""
+    attention_unpad: bool = False
+    """The attention call packs q, k and v into flash-attn's variable-length layout and
+    scatters the output back (flash-attn ``bert_padding.unpad_input`` / ``pad_input`` around
+    ``flash_attn_varlen_func``: llm-foundry's ``attn_impl: flash``), memory-bound copies each
+    way (``simulator.compute.UNPAD_BYTES``)."""
     kernels: Literal["fused", "eager"] = "fused"
     """Non-GEMM kernels: fused (Megatron fused kernels, torch.compile) or eager PyTorch ops,
     which move several times more bytes for RMSNorm, rotary and SwiGLU."""
