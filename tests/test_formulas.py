@@ -886,3 +886,48 @@ def test_b200_attention_runs_at_the_measured_in_step_rate():
         dev = Device.of(load_gpu(name), "bf16")
         combined = 3.5 / (1.0 / dev.attention_fwd_flops + 2.5 / dev.attention_bwd_flops)
         assert combined / 1e12 == pytest.approx(want, rel=2e-3)
+
+
+def test_a100_flash_attention_runs_at_the_measured_causal_rate():
+    """zhuzilin/ring-flash-attention's A100 row (flash_attn_kvpacked_func, bf16, batch 1, 8192
+    tokens, 32 heads of 128, causal): 373.4 forwards/s and 94.7 forward+backwards/s. The
+    profiles give back 205.3 TFLOP/s forward and, for the backward by difference at 2.5x the
+    forward FLOPs, 174.4 TFLOP/s at the burst clock (the profile's sustained clock on top)."""
+    from paraplan.specs import load_gpu
+
+    flops = 4 * 8192**2 * 32 * 128 / 2
+    fwd_s, both_s = 1 / 373.4, 1 / 94.7
+    for name in ("a100-sxm-80gb", "a100-sxm-40gb"):
+        gpu = load_gpu(name)
+        dev = Device.of(gpu, "bf16")
+        clock = gpu.sustained_clock_fraction
+        assert dev.attention_fwd_flops / clock / 1e12 == pytest.approx(flops / fwd_s / 1e12,
+                                                                         rel=2e-3)
+        assert dev.attention_bwd_flops / clock / 1e12 == pytest.approx(
+            2.5 * flops / (both_s - fwd_s) / 1e12, rel=2e-3)
+
+
+def test_triton_flash_attention_is_fa1_class_only_in_its_backward():
+    """Dao 2023 sec. 4.1 (A100): FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention
+    in Triton in the forward pass and around 2x faster in the backward pass", against 1.7-3.0x
+    over the CUDA FlashAttention: llm-foundry's attn_impl triton prices its forward at 1.4x and
+    its backward at 2x FlashAttention-2's time, flash-attn 1.x both at 2x."""
+    from paraplan.simulator.compute import attention_times
+    from paraplan.specs import load_trainer
+
+    model = load_model("mpt-7b")
+    dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=2")
+    fa2 = TrainingSpec(global_batch_size=16, seq_len=8192)
+    _, f2, b2 = attention_times(model, fa2, plan, dev)
+    _, f1, b1 = attention_times(model, fa2.model_copy(update={"flash_attention_version": 1}),
+                                plan, dev)
+    _, ft, bt = attention_times(model, fa2.model_copy(update={
+        "flash_attention_version": 1, "flash_attention_triton": True}), plan, dev)
+    assert (f1 / f2, b1 / b2) == (pytest.approx(2.0), pytest.approx(2.0))
+    assert (ft / f2, bt / b2) == (pytest.approx(1.4), pytest.approx(2.0))
+    _, f2t, _ = attention_times(model, fa2.model_copy(update={"flash_attention_triton": True}),
+                                plan, dev)
+    assert f2t == f2  # the flag describes a FlashAttention-1-class kernel only
+    runs = load_trainer("llm-foundry").runs
+    assert runs.flash_attention_version == 1 and runs.flash_attention_triton

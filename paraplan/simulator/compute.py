@@ -27,8 +27,17 @@ from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
 
-FLASH_FWD_RELATIVE = 0.73 / 0.87  # FlashAttention-2 fwd vs cuBLAS GEMM efficiency (Dao 2023)
-FLASH_BWD_RELATIVE = 0.63 / 0.87
+# FlashAttention-2's causal forward / backward against the best GEMM, both measured on A100
+# (the a100 profiles' attention_efficiency_fwd/_bwd over their matmul_efficiency), for GPUs
+# whose profile has no attention figure of its own.
+FLASH_FWD_RELATIVE = 0.658 / 0.869
+FLASH_BWD_RELATIVE = 0.559 / 0.869
+# FlashAttention-1-class kernels against FlashAttention-2, forward and backward: the CUDA
+# flash-attn 1.x at about half (Dao 2023, abstract: "2x speedup"; sec. 4.1: 1.7-3.0x), the
+# Triton implementation (flash_attn_triton.py) at "around 1.3-1.5x" slower in the forward
+# and "around 2x" in the backward (Dao 2023, sec. 4.1, A100): 1.4, the range's middle.
+FA1_SLOWDOWN = (2.0, 2.0)
+TRITON_FLASH_FWD_SLOWDOWN = 1.4
 KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy stream
 # cuBLAS/CUTLASS output tiles for large bf16 GEMMs on Ampere/Hopper; one per SM per wave, so a
 # partial last wave idles SMs (NVIDIA DL Performance Guide, Matrix Multiplication Background).
@@ -287,15 +296,17 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     keys, run_keys = attended_keys(model, training.seq_len)
     score_flops = 2.0 * b * s_q * keys * heads * (att.qk_head + att.v_head)
     if training.flash_attention:
-        # FlashAttention-1-class kernels run at about half of FlashAttention-2's throughput.
-        version = 1.0 if training.flash_attention_version == 2 else 2.0
+        # FlashAttention-1-class kernels run slower than FlashAttention-2 (FA1_SLOWDOWN).
+        slow_f, slow_b = (1.0, 1.0) if training.flash_attention_version == 2 else \
+            ((TRITON_FLASH_FWD_SLOWDOWN, FA1_SLOWDOWN[1]) if training.flash_attention_triton
+             else FA1_SLOWDOWN)
         run = run_keys / keys  # causal (and windowed) blocks skipped
         # Short calls and narrow heads run below the long-sequence efficiency (measured).
         f_fwd, f_bwd = attention_shape_factors(s_q, att.qk_head)
-        attn_fwd = version * run * score_flops / (device.attention_fwd_flops * f_fwd)
+        attn_fwd = slow_f * run * score_flops / (device.attention_fwd_flops * f_fwd)
         # FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs, the
         # accounting under which its published backward efficiency holds (Dao 2023, sec 4.1).
-        attn_bwd = version * 2.5 * run * score_flops / (device.attention_bwd_flops * f_bwd)
+        attn_bwd = slow_b * 2.5 * run * score_flops / (device.attention_bwd_flops * f_bwd)
     else:
         elems = b * heads * s_q * keys
         softmax_bytes = elems * (12.0 if training.dropout else 6.0)  # write, read, write (+drop)

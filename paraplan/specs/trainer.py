@@ -124,6 +124,9 @@ class TrainerRuns(StrictModel):
     """Non-GEMM kernels: fused (Megatron / Transformer Engine kernels, torch.compile) or eager."""
     flash_attention_version: Literal[1, 2] = 2
     """FlashAttention-1-class or -2-class attention kernels."""
+    flash_attention_triton: bool = False
+    """Its FlashAttention-1-class kernel is the Triton one
+    (``TrainingSpec.flash_attention_triton``)."""
     fp8_weight_cache: bool = False
     """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
     fp8_scaling: Literal["delayed", "current", "block"] = "delayed"
@@ -357,6 +360,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,
+             "flash_attention_triton": runs.flash_attention_triton,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
              "pp_grad_sync": runs.pp_grad_sync,

@@ -64,6 +64,11 @@ class TrainingSpec(StrictModel):
     flash_attention_version: Literal[1, 2] = 2
     """1 = FlashAttention-1-class kernels (flash-attn 1.x, the Triton flash kernel): about
     half the throughput of FlashAttention-2 (Dao 2023, abstract: "2x speedup")."""
+    flash_attention_triton: bool = False
+    """The FlashAttention-1-class kernel is flash-attn's Triton implementation
+    (``flash_attn_triton.py``; llm-foundry's ``attn_impl: triton``), whose forward is faster
+    than the CUDA one's (``simulator.compute.TRITON_FLASH_FWD_SLOWDOWN``). Read only with
+    ``flash_attention_version`` 1."""
     attention_unpad: bool = False
     """The attention call packs q, k and v into flash-attn's variable-length layout and
     scatters the output back (flash-attn ``bert_padding.unpad_input`` / ``pad_input`` around
