@@ -114,8 +114,8 @@ def eager_ring_bytes(cp: int, q_elems: float, kv_elems: float, cb: float
 
 def unpad_bytes(qkv_elems: float, out_elems: float, cb: float) -> tuple[float, float]:
     """(forward, backward) bytes per token of flash-attn's variable-length packing around the
-    attention kernel (``TrainingSpec.attention_unpad``; flash-attn ``bert_padding.py``, the
-    same code from v1.0 to v2.x, called by llm-foundry's ``flash_attn_fn``): ``unpad_input``
+    attention kernel (``TrainingSpec.attention_unpad``; flash-attn ``bert_padding.py``, called
+    by llm-foundry's ``flash_attn_fn`` at 5e85bd62d with flash-attn 2.4.2): ``unpad_input``
     gathers q, k and v into the packed layout (``IndexFirstAxis``: ``torch.gather``, read and
     write), ``pad_input`` scatters the output into a zeroed tensor (``IndexPutFirstAxis``:
     ``torch.zeros``, then read and write). Backward: each of q, k, v scatters its gradient

@@ -63,7 +63,9 @@ class TrainingSpec(StrictModel):
     """Fused attention: no s^2 activation tensor stored (Dao et al. 2022)."""
     flash_attention_version: Literal[1, 2] = 2
     """1 = FlashAttention-1-class kernels (flash-attn 1.x, the Triton flash kernel): about
-    half the throughput of FlashAttention-2 (Dao 2023, abstract: "2x speedup")."""
+    half the throughput of FlashAttention-2 (Dao 2023, abstract: "2x speedup";
+    ``simulator.compute.FA1_SLOWDOWN``), the Triton one faster in its forward
+    (``flash_attention_triton``)."""
     flash_attention_triton: bool = False
     """The FlashAttention-1-class kernel is flash-attn's Triton implementation
     (``flash_attn_triton.py``; llm-foundry's ``attn_impl: triton``), whose forward is faster
@@ -73,7 +75,7 @@ class TrainingSpec(StrictModel):
     """The attention call packs q, k and v into flash-attn's variable-length layout and
     scatters the output back (flash-attn ``bert_padding.unpad_input`` / ``pad_input`` around
     ``flash_attn_varlen_func``: llm-foundry's ``attn_impl: flash``), memory-bound copies each
-    way (``simulator.compute.UNPAD_BYTES``)."""
+    way (``simulator.copies.unpad_bytes``)."""
     kernels: Literal["fused", "eager"] = "fused"
     """Non-GEMM kernels: fused (Megatron fused kernels, torch.compile) or eager PyTorch ops,
     which move several times more bytes for RMSNorm, rotary and SwiGLU."""
