@@ -666,6 +666,47 @@ def test_flash_attn_varlen_packing_moves_its_copies():
             > simulate(model, cluster, plain, plan).step_time_s)
 
 
+def test_torchtitan_repeated_kv_heads_pay_their_copies_ring_bytes_and_memory():
+    # torchtitan repeated grouped-query K/V to the query heads before SDPA until ff0829c10
+    # (2026-01-27): Llama 3 8B's 1,024-wide K and V become 4,096 wide. Hand count
+    # (copies.kv_repeat_bytes), bf16, each way: eager copies read and write, 2 x (1024 +
+    # 4096) x 2 B = 20,480 B per token; compiled, K's copy fuses into the rotary kernel (the
+    # extra 3,072 written) and V pays its whole copy: (3072 + 5120) x 2 B = 16,384 B.
+    from paraplan.simulator.compute import Device, attention_times, kv_widths
+    from paraplan.simulator.copies import kv_repeat_bytes
+    from paraplan.simulator.memory import layer_activation_bytes
+
+    assert kv_repeat_bytes(1024, 1024, 4096, 4096, 2.0, fused=False) == 20480
+    assert kv_repeat_bytes(1024, 1024, 4096, 4096, 2.0, fused=True) == 16384
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    native = TrainingSpec(global_batch_size=16, seq_len=8192, kernels="eager")
+    repeated = native.model_copy(update={"kv_repeat": True})
+    assert kv_widths(model, native) == (1024, 1024) and kv_widths(model, repeated) == (4096, 4096)
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=2")
+    dev = Device.of_training(cluster.gpu, native)
+    _, f0, b0 = attention_times(model, native, plan, dev)
+    _, f1, b1 = attention_times(model, repeated, plan, dev)
+    tokens = 2 * 8192
+    assert f1 - f0 == pytest.approx(tokens * 20480 / dev.memory_Bps)
+    assert b1 - b0 == pytest.approx(tokens * 20480 / dev.memory_Bps)
+    # The attention inputs kept for the backward are the repeated K and V.
+    grow = layer_activation_bytes(model, repeated, plan, 2, moe=False, recompute="none") - \
+        layer_activation_bytes(model, native, plan, 2, moe=False, recompute="none")
+    assert grow == pytest.approx(tokens * 2 * (2 * 3072))
+    # PyTorch's ring attention exchanges and merges the repeated K/V: cp costs more.
+    from paraplan.specs.trainer import trainer_training
+
+    titan = trainer_training(load_trainer("torchtitan"), native)
+    cp4 = parse_plan("tp=1,pp=1,dp=2,cp=4,zero=3,mbs=1,rc=full")
+    base = simulate(model, cluster, titan, cp4)
+    rep = simulate(model, cluster, titan.model_copy(update={"kv_repeat": True}), cp4)
+    assert rep.time_s.get("cp_comm", 0.0) > base.time_s.get("cp_comm", 0.0)
+    assert rep.step_time_s > base.step_time_s
+    # Full multi-head attention has nothing to repeat.
+    mha = load_model("mpt-7b")
+    assert kv_widths(mha, repeated) == kv_widths(mha, native)
+
+
 def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
     # FSDP reshards after every backward, so its ZeRO-2 with accumulation all-gathers the
     # parameters once per micro-batch (m), not once per step (DeepSpeed stage 2), and does so

@@ -284,6 +284,17 @@ def test_mpt_large_scale_rows_run_the_attention_their_sweep_names(cases, rows):
 
 
 
+def test_torchtitan_rows_before_2026_repeat_grouped_kv_heads(cases, rows):
+    """torchtitan's Llama repeated K/V to the query heads before SDPA (repeat_kv) until
+    ff0829c10 (2026-01-27); every torchtitan row in the data predates it, no other trainer's
+    row repeats."""
+    titan = [c for c, r in zip(cases[:len(rows)], rows, strict=True)
+             if r["source_id"] == "torchtitan"]
+    assert titan and all(c.training.kv_repeat for c in titan)
+    assert not any(c.training.kv_repeat for c, r in zip(cases[:len(rows)], rows, strict=True)
+                   if c.training is not None and c.framework != "torchtitan")
+
+
 def test_mpt_rows_reduce_gradients_in_the_dtype_their_mp_mode_names(cases, rows):
     """Each llm-foundry README row prints its FSDP mixed-precision mode: PURE (composer's
     get_mixed_precision: reduce_dtype the amp dtype, bf16) for the whole A100 40GB table and

@@ -20,7 +20,7 @@ import numpy as np
 
 from paraplan.simulator import moe as routing
 from paraplan.simulator.attention_shape import attention_shape_factors
-from paraplan.simulator.copies import eager_ring_bytes, unpad_bytes
+from paraplan.simulator.copies import eager_ring_bytes, kv_repeat_bytes, unpad_bytes
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -271,6 +271,15 @@ def with_dispatch_sort(times: LayerTimes, sort_s: float) -> LayerTimes:
                    elementwise_fwd_s=times.elementwise_fwd_s + sort_s)
 
 
+def kv_widths(model: ModelSpec, training: TrainingSpec) -> tuple[float, float]:
+    """(K, V) elements per token the attention kernel reads: the model's, or the query heads'
+    widths where the trainer repeats grouped-query K/V first (``TrainingSpec.kv_repeat``)."""
+    att = model.attention
+    if training.kv_repeat and att.k_width < att.q_width:
+        return float(att.q_width), float(att.o_width)
+    return float(att.k_width), float(att.v_width)
+
+
 def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
                     device: Device) -> tuple[float, float, float]:
     """(projection GEMMs forward, attention forward, attention backward) seconds of one layer,
@@ -281,8 +290,9 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     (column-parallel) or input (row-parallel) dimension by t, on b*s/cp tokens. Attention
     scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip the masked
     half; without flash the s x s scores are materialised (memory-bound softmax); flash-attn's
-    variable-length packing adds its copies (``copies.unpad_bytes``), ring attention its
-    merges (``cp_merge_times``)."""
+    variable-length packing adds its copies (``copies.unpad_bytes``), repeating grouped-query
+    K/V its copies (``copies.kv_repeat_bytes``), ring attention its merges
+    (``cp_merge_times``)."""
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     att = model.attention
@@ -318,6 +328,12 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
                                    att.o_width / t, training.compute_bytes)
         attn_fwd += b * s_q * fwd_b / device.memory_Bps
         attn_bwd += b * s_q * bwd_b / device.memory_Bps
+    k_rep, v_rep = kv_widths(model, training)
+    if k_rep != att.k_width:
+        copy = kv_repeat_bytes(att.k_width / t, att.v_width / t, k_rep / t, v_rep / t,
+                               training.compute_bytes, fused=training.kernels == "fused")
+        attn_fwd += b * s_q * copy / device.memory_Bps
+        attn_bwd += b * s_q * copy / device.memory_Bps
     if plan.cp > 1:
         merge_f, merge_b = cp_merge_times(model, training, plan, device)
         attn_fwd += merge_f
@@ -346,7 +362,7 @@ def cp_merge_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
     rows = plan.micro_batch_size * training.seq_len / plan.cp
     att = model.attention
     q_elems = rows * att.o_width / plan.tp
-    kv_elems = rows * (att.k_width + att.v_width) / plan.tp
+    kv_elems = rows * sum(kv_widths(model, training)) / plan.tp
     if training.cp_merge == "eager_fp32":
         fwd_b, bwd_b, kernels = eager_ring_bytes(plan.cp, q_elems, kv_elems,
                                                  float(training.compute_bytes))

@@ -124,3 +124,19 @@ def unpad_bytes(qkv_elems: float, out_elems: float, cb: float) -> tuple[float, f
     output's; ``cb``: bytes per element. (Each ``unpad_input`` also reads a host value back,
     ``nonzero`` and ``.item()``, which is not priced.)"""
     return cb * (2.0 * qkv_elems + 3.0 * out_elems), cb * (3.0 * qkv_elems + 2.0 * out_elems)
+
+
+def kv_repeat_bytes(k_elems: float, v_elems: float, k_rep: float, v_rep: float, cb: float, *,
+                    fused: bool) -> float:
+    """Bytes per token, each way, of repeating grouped-query K and V to the query heads
+    before the attention call (``TrainingSpec.kv_repeat``; torchtitan's ``repeat_kv``,
+    models/llama/model.py at 9dec370: ``unsqueeze``, ``expand``, ``reshape``, which copies).
+    Eager: the copy reads K (V) and writes it repeated; the backward sums the repeated
+    gradient back (read the repeated width, write the native one), the same bytes. Compiled
+    (torch.compile): the K copy fuses with the rotary kernel before it, which then writes the
+    repeated width instead of the native one (and its backward reads it), so K adds only the
+    difference; V has no op to fuse with (its producer is a GEMM) and pays the whole copy.
+    ``k_elems``/``v_elems``: the native widths per token on the rank, ``k_rep``/``v_rep`` the
+    repeated ones; ``cb``: bytes per element."""
+    k_extra = (k_rep - k_elems) if fused else (k_elems + k_rep)
+    return cb * (k_extra + v_elems + v_rep)

@@ -15,6 +15,7 @@ from paraplan.simulator.compute import (
     LayerTimes,
     dispatch_sort_time,
     gemm_time,
+    kv_widths,
     with_dispatch_sort,
 )
 from paraplan.simulator.grads import FP32_BYTES
@@ -180,8 +181,9 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     if cp > 1:  # ring attention: pass K and V blocks cp-1 times, overlapped with attention
         # Every rank sends to its ring neighbour at once, so each step runs at the ring's
         # bottleneck edge (an inter-node hop once the CP group spans nodes).
-        att = model.attention  # K and V as the attention kernel reads them (MLA: expanded)
-        kv = mb_tokens * (att.k_width + att.v_width) * training.compute_bytes / t
+        # K and V as the attention kernel reads them (MLA: expanded; repeated to the query
+        # heads where the trainer does so first: ``compute.kv_widths``).
+        kv = mb_tokens * sum(kv_widths(model, training)) * training.compute_bytes / t
         ring = topo.p2p_ring(on(tuple(range(0, t * cp, t))))
         step = coll.p2p(kv, ring.bandwidth_GBps * 1e9 * coll.kind_efficiency(topo, "p2p"),
                         ring.latency_s)

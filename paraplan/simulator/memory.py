@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from paraplan.simulator import moe as routing
+from paraplan.simulator.compute import kv_widths
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -111,8 +112,9 @@ def layer_activation_bytes(
 
     # Per token, in units of h elements (bytes = 2 per element, 1 per mask element).
     replicated = 4.0 + 2.0 + 2.0 + 2.0 * drop  # norm inputs, QKV input, MLP input, masks
-    # Q, K, V, output-projection input (2 + 4g/a + 2 for GQA with a*d = h).
-    attn_split = 2.0 * (att.q_width + att.k_width + att.v_width + att.o_width) / h
+    # Q, K, V, output-projection input (2 + 4g/a + 2 for GQA with a*d = h); K and V as the
+    # attention call gets them (repeated to the query heads: ``compute.kv_widths``).
+    attn_split = 2.0 * (att.q_width + sum(kv_widths(model, training)) + att.o_width) / h
     # MLA: the down projection runs whole on every TP rank (also under SP); its latents are
     # kept before and after their norms (the up projections' inputs).
     latent = 4.0 * att.latent_width / h

@@ -71,6 +71,11 @@ class TrainingSpec(StrictModel):
     (``flash_attn_triton.py``; llm-foundry's ``attn_impl: triton``), whose forward is faster
     than the CUDA one's (``simulator.compute.TRITON_FLASH_FWD_SLOWDOWN``). Read only with
     ``flash_attention_version`` 1."""
+    kv_repeat: bool = False
+    """Grouped-query K and V are repeated to the query heads before the attention call
+    (torchtitan's ``repeat_kv`` until ff0829c10, 2026-01-27): the attention kernel, the
+    ring attention's exchanges and merges and the saved activations see query-width K/V,
+    and the copy runs each way (``simulator.copies.kv_repeat_bytes``)."""
     attention_unpad: bool = False
     """The attention call packs q, k and v into flash-attn's variable-length layout and
     scatters the output back (flash-attn ``bert_padding.unpad_input`` / ``pad_input`` around

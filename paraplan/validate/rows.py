@@ -68,6 +68,7 @@ from paraplan.validate.source_facts import (
     SC21_TABLE_1,
     TIED_EMBEDDING_SOURCES,
     TORCHTITAN_FUSED_ADAMW_FROM,
+    TORCHTITAN_GQA_WITHOUT_REPEAT_FROM,
     TORCHTITAN_LOSS_COMPILED_FROM,
     TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM,
     llama3_paper_layout,
@@ -417,6 +418,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["pp_grad_sync"] = "cascade"  # matters only where pp > 1
         if torchtitan_before(TORCHTITAN_FUSED_ADAMW_FROM):
             explicit["optimizer_impl"] = "foreach"
+        if torchtitan_before(TORCHTITAN_GQA_WITHOUT_REPEAT_FROM):
+            explicit["kv_repeat"] = True
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))
         if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:

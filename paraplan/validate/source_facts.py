@@ -192,6 +192,12 @@ TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM = (2025, 10)
 # ``optimizer.fused`` defaulted to False and ``build_optimizers`` passed ``foreach=not fused``
 # (torchtitan 9dec370, 2024-12-26, the commit of the 2024-12 H100 benchmarks).
 TORCHTITAN_FUSED_ADAMW_FROM = (2025, 2)
+# pytorch/torchtitan ff0829c10 (2026-01-27, #2259 "GQA without kv repeats") passes grouped K/V
+# to the attention call as they are; before it models/llama/model.py repeated them to the
+# query heads first (``repeat_kv``: unsqueeze, expand, reshape; 9dec370, 2024-12-26, lines
+# 116 and 201-202), so ring attention passed and merged query-width K/V
+# (``TrainingSpec.kv_repeat``).
+TORCHTITAN_GQA_WITHOUT_REPEAT_FROM = (2026, 2)
 ROW_DATE = re.compile(r"(20[12]\d)[-_]?(0[1-9]|1[0-2])")
 
 
