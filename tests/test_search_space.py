@@ -147,14 +147,15 @@ def test_evaluator_prices_pipelined_gradient_chains_as_simulate(sync: str) -> No
 
 def test_evaluator_prices_the_attention_call_facts_as_simulate() -> None:
     """Repeated grouped K/V under ring attention (``kv_repeat``, PyTorch's fp32 merges and
-    all-gathered K/V), flash-attn's varlen packing (``attention_unpad``) and the Triton
-    FlashAttention-1 kernel: the evaluator's step and memory are simulate's."""
+    all-gathered K/V), flash-attn's varlen packing (``attention_unpad``), the Triton
+    FlashAttention-1 kernel and a split fused QKV's backward concatenation
+    (``qkv_split_cat``): the evaluator's step and memory are simulate's."""
     model, cl = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=2)
     runs = (TrainingSpec(global_batch_size=16, seq_len=32768, kv_repeat=True,
                          cp_merge="eager_fp32", cp_kv_exchange="allgather", kernels="eager"),
             TrainingSpec(global_batch_size=32, seq_len=4096, attention_unpad=True),
             TrainingSpec(global_batch_size=32, seq_len=4096, flash_attention_version=1,
-                         flash_attention_triton=True))
+                         flash_attention_triton=True, qkv_split_cat=True))
     for tr in runs:
         space = build_space(model, cl, tr, options=SpaceOptions(max_micro_batch=2))
         ev = evaluate_space(space, times_for_oom=True, exact_interleaved=True)

@@ -707,6 +707,30 @@ def test_torchtitan_repeated_kv_heads_pay_their_copies_ring_bytes_and_memory():
     assert kv_widths(mha, repeated) == kv_widths(mha, native)
 
 
+def test_a_split_fused_qkv_concatenates_its_gradients_in_the_backward():
+    # torch.split's backward is a cat: Megatron-LM 2021 (split_tensor_along_last_dim), its
+    # Megatron-DeepSpeed fork and llm-foundry (qkv.split after Wqkv) read and write dq, dk, dv
+    # once more. Hand count (copies.qkv_cat_bytes), bf16, MPT-7b (q, k, v 4,096 wide each),
+    # tp=1: 2 x 2 B x 12,288 = 49,152 B per token, backward only.
+    from paraplan.simulator.compute import Device, attention_times
+    from paraplan.simulator.copies import qkv_cat_bytes
+
+    assert qkv_cat_bytes(3 * 4096.0, 2.0) == 49152
+    model, cluster = load_model("mpt-7b"), load_cluster("dgx-h100")
+    plain = TrainingSpec(global_batch_size=48, seq_len=2048)
+    split = plain.model_copy(update={"qkv_split_cat": True})
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=6")
+    dev = Device.of_training(cluster.gpu, plain)
+    _, f0, b0 = attention_times(model, plain, plan, dev)
+    _, f1, b1 = attention_times(model, split, plan, dev)
+    assert f1 == f0
+    assert b1 - b0 == pytest.approx(6 * 2048 * 49152 / dev.memory_Bps)
+    assert {name: load_trainer(name).runs.qkv_split_cat for name in (
+        "megatron-lm-2021", "megatron-deepspeed-2022", "llm-foundry", "megatron-core",
+        "torchtitan")} == {"megatron-lm-2021": True, "megatron-deepspeed-2022": True,
+                           "llm-foundry": True, "megatron-core": False, "torchtitan": False}
+
+
 def test_fsdp_zero2_gathers_the_parameters_every_micro_batch():
     # FSDP reshards after every backward, so its ZeRO-2 with accumulation all-gathers the
     # parameters once per micro-batch (m), not once per step (DeepSpeed stage 2), and does so

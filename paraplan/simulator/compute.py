@@ -20,7 +20,12 @@ import numpy as np
 
 from paraplan.simulator import moe as routing
 from paraplan.simulator.attention_shape import attention_shape_factors
-from paraplan.simulator.copies import eager_ring_bytes, kv_repeat_bytes, unpad_bytes
+from paraplan.simulator.copies import (
+    eager_ring_bytes,
+    kv_repeat_bytes,
+    qkv_cat_bytes,
+    unpad_bytes,
+)
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -290,9 +295,9 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     (column-parallel) or input (row-parallel) dimension by t, on b*s/cp tokens. Attention
     scores and values: 4*b*s_q*s_kv*a*d / t per rank; causal flash kernels skip the masked
     half; without flash the s x s scores are materialised (memory-bound softmax); flash-attn's
-    variable-length packing adds its copies (``copies.unpad_bytes``), repeating grouped-query
-    K/V its copies (``copies.kv_repeat_bytes``), ring attention its merges
-    (``cp_merge_times``)."""
+    variable-length packing adds its copies (``copies.unpad_bytes``), a split fused QKV its
+    backward concatenation (``copies.qkv_cat_bytes``), repeating grouped-query K/V its copies
+    (``copies.kv_repeat_bytes``), ring attention its merges (``cp_merge_times``)."""
     t = plan.tp
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     att = model.attention
@@ -328,6 +333,9 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
                                    att.o_width / t, training.compute_bytes)
         attn_fwd += b * s_q * fwd_b / device.memory_Bps
         attn_bwd += b * s_q * bwd_b / device.memory_Bps
+    if training.qkv_split_cat:  # the backward's cat of dq, dk, dv
+        attn_bwd += b * s_q * qkv_cat_bytes((att.q_width + att.k_width + att.v_width) / t,
+                                            training.compute_bytes) / device.memory_Bps
     k_rep, v_rep = kv_widths(model, training)
     if k_rep != att.k_width:
         copy = kv_repeat_bytes(att.k_width / t, att.v_width / t, k_rep / t, v_rep / t,

@@ -140,3 +140,15 @@ def kv_repeat_bytes(k_elems: float, v_elems: float, k_rep: float, v_rep: float, 
     repeated ones; ``cb``: bytes per element."""
     k_extra = (k_rep - k_elems) if fused else (k_elems + k_rep)
     return cb * (k_extra + v_elems + v_rep)
+
+
+def qkv_cat_bytes(qkv_elems: float, cb: float) -> float:
+    """Bytes per token of the backward's concatenation of dq, dk and dv into the fused QKV
+    projection's gradient where the forward split its output into views
+    (``TrainingSpec.qkv_split_cat``; ``torch.split``'s backward is ``torch.cat``, which reads
+    and writes every element): Megatron-LM's ``split_tensor_along_last_dim(mixed_x_layer,
+    3)`` (megatron/model/transformer.py ``ParallelAttention``, 2021; the same in
+    bigscience-workshop/Megatron-DeepSpeed), llm-foundry's ``qkv.split(...)`` after ``Wqkv``
+    (llmfoundry/models/layers/attention.py at b2a43a147 and 5e85bd62d). ``qkv_elems``: q + k
+    + v elements per token on the rank; ``cb``: bytes per element."""
+    return 2.0 * cb * qkv_elems

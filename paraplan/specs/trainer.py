@@ -127,6 +127,9 @@ class TrainerRuns(StrictModel):
     flash_attention_triton: bool = False
     """Its FlashAttention-1-class kernel is the Triton one
     (``TrainingSpec.flash_attention_triton``)."""
+    qkv_split_cat: bool = False
+    """Its attention splits a fused QKV output into views, whose backward concatenates the
+    gradients (``TrainingSpec.qkv_split_cat``)."""
     fp8_weight_cache: bool = False
     """fp8 weight casts kept across micro-batches (``TrainingSpec.fp8_weight_cache``)."""
     fp8_scaling: Literal["delayed", "current", "block"] = "delayed"
@@ -361,6 +364,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,
              "flash_attention_triton": runs.flash_attention_triton,
+             "qkv_split_cat": runs.qkv_split_cat,
              "fsdp_copies": runs.fsdp_copies, "cp_merge": runs.cp_merge,
              "cp_kv_exchange": runs.cp_kv_exchange, "ddp_bucket_size": runs.ddp_bucket_size,
              "pp_grad_sync": runs.pp_grad_sync,

@@ -71,6 +71,11 @@ class TrainingSpec(StrictModel):
     (``flash_attn_triton.py``; llm-foundry's ``attn_impl: triton``), whose forward is faster
     than the CUDA one's (``simulator.compute.TRITON_FLASH_FWD_SLOWDOWN``). Read only with
     ``flash_attention_version`` 1."""
+    qkv_split_cat: bool = False
+    """The attention splits its fused QKV projection's output into q, k and v views
+    (``torch.split``), so the backward concatenates dq, dk and dv into the projection's
+    gradient (PyTorch's split backward is a ``cat``: ``simulator.copies.qkv_cat_bytes``).
+    Megatron-LM 2021 and its Megatron-DeepSpeed fork, llm-foundry's MPT."""
     kv_repeat: bool = False
     """Grouped-query K and V are repeated to the query heads before the attention call
     (torchtitan's ``repeat_kv`` until ff0829c10, 2026-01-27): the attention kernel, the
