@@ -642,23 +642,32 @@ def test_pytorch_ring_attention_merges_in_fp32():
     assert load_trainer("megatron-core").runs.cp_merge == "fused"
 
 
+def _mpt7b_attention_with(**fact):
+    """MPT-7b on 8 H100, mbs 6 x 2,048 tokens: (model, cluster, plain training, training with
+    ``fact``, plan, device, plain (forward, backward) attention s, with ``fact``)."""
+    from paraplan.simulator.compute import Device, attention_times
+
+    model, cluster = load_model("mpt-7b"), load_cluster("dgx-h100")
+    plain = TrainingSpec(global_batch_size=48, seq_len=2048)
+    changed = plain.model_copy(update=fact)
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=6")
+    dev = Device.of_training(cluster.gpu, plain)
+    return (model, cluster, plain, changed, plan, dev,
+            attention_times(model, plain, plan, dev)[1:],
+            attention_times(model, changed, plan, dev)[1:])
+
+
 def test_flash_attn_varlen_packing_moves_its_copies():
     # Hand count (copies.unpad_bytes), bf16, an MHA layer of width h: forward gathers q, k, v
     # (read + write: 4 B each) and scatters the output into zeros (zero, read, write: 6 B), 18h;
     # backward scatters dq, dk, dv into zeros (6 B each) and gathers the output's gradient
     # (4 B), 22h. MPT-7b (h 4096), 8 H100, mbs 6, seq 2048: per layer and micro-batch
     # 12,288 tokens x 18 (22) x 4096 B at 0.9 x 3.35 TB/s.
-    from paraplan.simulator.compute import Device, attention_times
     from paraplan.simulator.copies import unpad_bytes
 
     assert unpad_bytes(3 * 2048.0, 2048.0, 2.0) == (18 * 2048, 22 * 2048)
-    model, cluster = load_model("mpt-7b"), load_cluster("dgx-h100")
-    plain = TrainingSpec(global_batch_size=48, seq_len=2048)
-    packed = plain.model_copy(update={"attention_unpad": True})
-    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=6")
-    dev = Device.of_training(cluster.gpu, plain)
-    _, f0, b0 = attention_times(model, plain, plan, dev)
-    _, f1, b1 = attention_times(model, packed, plan, dev)
+    model, cluster, plain, packed, plan, dev, (f0, b0), (f1, b1) = \
+        _mpt7b_attention_with(attention_unpad=True)
     tokens = 6 * 2048
     assert f1 - f0 == pytest.approx(tokens * 18 * 4096 / (0.9 * 3350e9))
     assert b1 - b0 == pytest.approx(tokens * 22 * 4096 / (0.9 * 3350e9))
@@ -712,17 +721,10 @@ def test_a_split_fused_qkv_concatenates_its_gradients_in_the_backward():
     # Megatron-DeepSpeed fork and llm-foundry (qkv.split after Wqkv) read and write dq, dk, dv
     # once more. Hand count (copies.qkv_cat_bytes), bf16, MPT-7b (q, k, v 4,096 wide each),
     # tp=1: 2 x 2 B x 12,288 = 49,152 B per token, backward only.
-    from paraplan.simulator.compute import Device, attention_times
     from paraplan.simulator.copies import qkv_cat_bytes
 
     assert qkv_cat_bytes(3 * 4096.0, 2.0) == 49152
-    model, cluster = load_model("mpt-7b"), load_cluster("dgx-h100")
-    plain = TrainingSpec(global_batch_size=48, seq_len=2048)
-    split = plain.model_copy(update={"qkv_split_cat": True})
-    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=6")
-    dev = Device.of_training(cluster.gpu, plain)
-    _, f0, b0 = attention_times(model, plain, plan, dev)
-    _, f1, b1 = attention_times(model, split, plan, dev)
+    *_, dev, (f0, b0), (f1, b1) = _mpt7b_attention_with(qkv_split_cat=True)
     assert f1 == f0
     assert b1 - b0 == pytest.approx(6 * 2048 * 49152 / dev.memory_Bps)
     assert {name: load_trainer(name).runs.qkv_split_cat for name in (
