@@ -37,12 +37,11 @@ from paraplan.specs.training import TrainingSpec
 # whose profile has no attention figure of its own.
 FLASH_FWD_RELATIVE = 0.658 / 0.869
 FLASH_BWD_RELATIVE = 0.559 / 0.869
-# FlashAttention-1-class kernels against FlashAttention-2, forward and backward: the CUDA
-# flash-attn 1.x at about half (Dao 2023, abstract: "2x speedup"; sec. 4.1: 1.7-3.0x), the
-# Triton implementation (flash_attn_triton.py) at "around 1.3-1.5x" slower in the forward
-# and "around 2x" in the backward (Dao 2023, sec. 4.1, A100): 1.4, the range's middle.
-FA1_SLOWDOWN = (2.0, 2.0)
-TRITON_FLASH_FWD_SLOWDOWN = 1.4
+# FlashAttention-1-class kernels' (forward, backward) time against FlashAttention-2's, by
+# implementation: the CUDA flash-attn 1.x at about twice (Dao 2023, abstract: "2x speedup";
+# sec. 4.1: 1.7-3.0x), the Triton one (flash_attn_triton.py) "around 1.3-1.5x" in the forward
+# (1.4, the range's middle) and "around 2x" in the backward (Dao 2023, sec. 4.1, A100).
+FA1_SLOWDOWN = {"cuda": (2.0, 2.0), "triton": (1.4, 2.0)}
 KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy stream
 # cuBLAS/CUTLASS output tiles for large bf16 GEMMs on Ampere/Hopper; one per SM per wave, so a
 # partial last wave idles SMs (NVIDIA DL Performance Guide, Matrix Multiplication Background).
@@ -313,8 +312,7 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     if training.flash_attention:
         # FlashAttention-1-class kernels run slower than FlashAttention-2 (FA1_SLOWDOWN).
         slow_f, slow_b = (1.0, 1.0) if training.flash_attention_version == 2 else \
-            ((TRITON_FLASH_FWD_SLOWDOWN, FA1_SLOWDOWN[1]) if training.flash_attention_triton
-             else FA1_SLOWDOWN)
+            FA1_SLOWDOWN["triton" if training.flash_attention_triton else "cuda"]
         run = run_keys / keys  # causal (and windowed) blocks skipped
         # Short calls and narrow heads run below the long-sequence efficiency (measured).
         f_fwd, f_bwd = attention_shape_factors(s_q, att.qk_head)
@@ -328,14 +326,13 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
         attn_fwd = score_flops / device.matmul_flops + softmax_bytes / device.memory_Bps
         attn_bwd = 2.0 * score_flops / device.matmul_flops + 2.0 * softmax_bytes / \
             device.memory_Bps
+    qkv = (att.q_width + att.k_width + att.v_width) / t  # the projection's q, k, v per token
     if training.attention_unpad and training.flash_attention:
-        fwd_b, bwd_b = unpad_bytes((att.q_width + att.k_width + att.v_width) / t,
-                                   att.o_width / t, training.compute_bytes)
+        fwd_b, bwd_b = unpad_bytes(qkv, att.o_width / t, training.compute_bytes)
         attn_fwd += b * s_q * fwd_b / device.memory_Bps
         attn_bwd += b * s_q * bwd_b / device.memory_Bps
     if training.qkv_split_cat:  # the backward's cat of dq, dk, dv
-        attn_bwd += b * s_q * qkv_cat_bytes((att.q_width + att.k_width + att.v_width) / t,
-                                            training.compute_bytes) / device.memory_Bps
+        attn_bwd += b * s_q * qkv_cat_bytes(qkv, training.compute_bytes) / device.memory_Bps
     k_rep, v_rep = kv_widths(model, training)
     if k_rep != att.k_width:
         copy = kv_repeat_bytes(att.k_width / t, att.v_width / t, k_rep / t, v_rep / t,

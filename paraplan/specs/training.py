@@ -69,7 +69,7 @@ class TrainingSpec(StrictModel):
     flash_attention_triton: bool = False
     """The FlashAttention-1-class kernel is flash-attn's Triton implementation
     (``flash_attn_triton.py``; llm-foundry's ``attn_impl: triton``), whose forward is faster
-    than the CUDA one's (``simulator.compute.TRITON_FLASH_FWD_SLOWDOWN``). Read only with
+    than the CUDA one's (``simulator.compute.FA1_SLOWDOWN``). Read only with
     ``flash_attention_version`` 1."""
     qkv_split_cat: bool = False
     """The attention splits its fused QKV projection's output into q, k and v views

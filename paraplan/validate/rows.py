@@ -425,7 +425,6 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:
             explicit["flash_attention_version"] = flash_v
             explicit["attention_unpad"] = True  # flash_attn_fn's unpad_input / pad_input
-            explicit["flash_attention_triton"] = False
             s.notes.append("attn_impl flash (flash-attn 2.4.2, varlen with unpad/pad): the "
                            "large-scale H100 sweep (llm-foundry 5e85bd62d sweep.py)")
         if source == "mosaicml_llmfoundry_mpt" and mpt_pure_mixed_precision(
