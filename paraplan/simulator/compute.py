@@ -26,6 +26,7 @@ from paraplan.simulator.copies import (
     qkv_cat_bytes,
     unpad_bytes,
 )
+from paraplan.simulator.variability import slowest_part_pace
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.cluster import GemmTable, GPUSpec
 from paraplan.specs.model import ModelSpec
@@ -118,21 +119,23 @@ class Device:
     @classmethod
     def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
            weight_cache: bool = False, scaling: str = "delayed",
-           cast_kernels: int = 0) -> Device:
+           cast_kernels: int = 0, synced_gpus: int = 1) -> Device:
         peak = gpu.peak_flops(precision) if precision in gpu.peak_tflops else \
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \
             else gpu.matmul_efficiency
         # Burst efficiencies run at the clock the power limit sustains (sustained_clock_fraction)
         # and below a host's lower cap (power_fraction); a directly measured sustained GEMM
-        # figure (sustained_matmul_efficiency) replaces burst x clock for GEMMs.
-        clock = gpu.sustained_clock_fraction * gpu.power_fraction
+        # figure (sustained_matmul_efficiency) replaces burst x clock for GEMMs. A step synced
+        # over ``synced_gpus`` parts computes at its slowest part's pace (``variability``).
+        power = gpu.power_fraction * slowest_part_pace(gpu.unit_speed_spread, synced_gpus)
+        clock = gpu.sustained_clock_fraction * power
         fp8 = precision == "fp8"
         sustained = gpu.sustained_matmul_efficiency
         if fp8 and sustained is not None:
             sustained = gpu.sustained_matmul_efficiency_fp8 or sustained * eff / \
                 gpu.matmul_efficiency
-        matmul = peak * (eff * clock if sustained is None else sustained * gpu.power_fraction)
+        matmul = peak * (eff * clock if sustained is None else sustained * power)
         # Attention kernels run in 16-bit even in fp8 training.
         peak16 = max(gpu.peak_tflops.get("bf16", 0.0), gpu.peak_tflops.get("fp16", 0.0)) * 1e12
         peak16 = peak16 or peak
@@ -157,7 +160,7 @@ class Device:
             # not the 1.111x of their rated peaks (2500 / 2250).
             scale = eff / table.reference_matmul_efficiency * clock
         if table is not None and sustained is not None:  # shape from the table, level measured
-            scale = sustained * gpu.power_fraction / table.best_square_efficiency()
+            scale = sustained * power / table.best_square_efficiency()
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,
@@ -167,12 +170,14 @@ class Device:
                    nccl_sms=gpu.nccl_channels or NCCL_SMS)
 
     @classmethod
-    def of_training(cls, gpu: GPUSpec, training: TrainingSpec) -> Device:
+    def of_training(cls, gpu: GPUSpec, training: TrainingSpec, synced_gpus: int = 1) -> Device:
         """``Device.of`` with the precision, kernels, fp8 weight caching and MoE host stall
-        (``TrainingSpec.moe_host_sync_s`` on this GPU's host) ``training`` runs."""
+        (``TrainingSpec.moe_host_sync_s`` on this GPU's host) ``training`` runs, for a step
+        synchronised over ``synced_gpus`` parts of this type (``ClusterSpec.count_of``)."""
         return replace(cls.of(gpu, training.precision, training.kernels,
                               weight_cache=training.fp8_weight_cache,
-                              scaling=training.fp8_scaling, cast_kernels=training.fp8_cast_kernels),
+                              scaling=training.fp8_scaling, cast_kernels=training.fp8_cast_kernels,
+                              synced_gpus=synced_gpus),
                        moe_sync_stall_s=training.moe_host_sync_s * gpu.host_time_factor)
 
     @property

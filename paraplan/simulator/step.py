@@ -157,7 +157,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         for name, gpu in gpus.items():
             key = (name, bases[name])
             if key not in per_gpu:
-                dev = Device.of_training(gpu, training)
+                dev = Device.of_training(gpu, training, synced_gpus=cluster.count_of(name))
                 dense = layer_cost(model, topo, training, plan, dev, moe=False,
                                    base_rank=key[1])
                 moe = (layer_cost(model, topo, training, plan, dev, moe=True,

@@ -188,6 +188,12 @@ class GPUSpec(StrictModel):
     sustained_matmul_efficiency_fp8: float | None = Field(default=None, gt=0, le=1)
     """Same for fp8 GEMMs, as a fraction of the fp8 peak; None = the 16-bit figure scaled by
     ``matmul_efficiency_fp8 / matmul_efficiency`` (or the product above without it)."""
+    unit_speed_spread: float = Field(default=0.0, ge=0, le=0.5)
+    """Relative standard deviation of compute-bound speed between parts of this SKU in one
+    fleet at the same power limit (manufacturing variation under power management; fleet
+    measurements in ``sources``). A step synchronised over n parts runs its GEMMs and
+    attention at the slowest one's pace (``simulator.variability``); memory bandwidth is
+    not scaled. 0 = identical parts."""
     host_time_factor: float = Field(default=1.0, gt=0, le=100)
     """Host (CPU) time of one framework op on this GPU's host over a DGX H100's Xeon 8480C
     (1.0): Grace-hosted parts (GH200, GB200) issue PyTorch ops more slowly. Scales
@@ -459,6 +465,10 @@ class ClusterSpec(StrictModel):
         for g in self.node_groups:
             seen.setdefault(g.region, None)
         return list(seen)
+
+    def count_of(self, gpu_name: str) -> int:
+        """GPUs of the type named ``gpu_name`` in the cluster (0 if none)."""
+        return sum(g.num_gpus for g in self.node_groups if g.gpu.name == gpu_name)
 
     @property
     def gpu(self) -> GPUSpec:

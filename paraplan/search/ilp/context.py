@@ -123,7 +123,8 @@ def layer_costs(ctx: Ctx, plan: ParallelPlan, first: str,
            plan.recompute, plan.tp_comm_overlap, first, gpu)
     hit = ctx.costs.get(key)
     if hit is None:
-        dev = Device.of_training(ctx.types[gpu].gpu, ctx.training)
+        dev = Device.of_training(ctx.types[gpu].gpu, ctx.training,
+                                  synced_gpus=ctx.cluster.count_of(gpu))
         # simulate prices each stage's TP/CP/EP groups on its own GPU type's links, so the
         # cost of type ``gpu`` no longer depends on which type hosts stage 0.
         topo = _probe(ctx, gpu).topology

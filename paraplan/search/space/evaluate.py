@@ -101,7 +101,7 @@ def evaluate_space(space: PlanSpace, progress: Callable[[int, int], None] | None
     c = space.cols
     n = len(space)
     gpu = cluster.gpu
-    dev = Device.of_training(gpu, training)
+    dev = Device.of_training(gpu, training, synced_gpus=cluster.num_gpus)
     const = space.constants
     overlap = bool(const.get("overlap_grad_reduce", True))
     interval = float(const.get("dp_sync_interval", 1))

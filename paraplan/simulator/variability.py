@@ -1,0 +1,47 @@
+"""The pace of a synchronous step over many GPUs of one type: the slowest part sets it.
+
+Parts of one SKU do not compute at one speed. Under the same power limit, manufacturing
+variation and each chip's power management settle them at different clocks, and a job that
+synchronises every step (gradient collectives, tensor- and pipeline-parallel exchanges) waits
+for its slowest member at each synchronisation: a persistent spread makes the same slow part
+gate every step. Single-GPU benchmarks, which the profiles' efficiencies come from, measure a
+typical (median) part.
+
+Model: per-part compute speed normal around the median with relative standard deviation
+``spread`` (``GPUSpec.unit_speed_spread``, from fleet measurements cited in each profile); the
+expected slowest of ``n`` independent parts runs ``spread x E[max of n standard normals]``
+slower (order statistics: E[max] = integral of x n phi(x) Phi(x)^(n-1) dx; 0.5642 for n = 2,
+1.4236 for n = 8, Harter 1961's tables). Pure functions; dimensionless factors.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+# Integration grid for E[max]: the integrand is negligible beyond |x| = 10 for any n up to
+# 10^9 GPUs (the largest of 10^9 normals sits near 6); 0.001 steps keep it exact to ~1e-7.
+_X = np.linspace(-10.0, 10.0, 20_001)
+_PHI = np.exp(-0.5 * _X * _X) / math.sqrt(2.0 * math.pi)
+_CDF = 0.5 * (1.0 + np.vectorize(math.erf)(_X / math.sqrt(2.0)))
+
+
+@lru_cache(maxsize=4096)
+def expected_max_standard_normal(n: int) -> float:
+    """Expected largest of ``n`` independent standard normal draws, by numerical integration
+    of ``x n phi(x) Phi(x)^(n-1)``; 0 for n <= 1."""
+    if n <= 1:
+        return 0.0
+    integrand = _X * n * _PHI * np.power(_CDF, n - 1)
+    return float(np.trapezoid(integrand, _X))
+
+
+def slowest_part_pace(spread: float, n: int) -> float:
+    """Compute throughput of the slowest of ``n`` parts relative to the median part's
+    (<= 1): ``1 / (1 + spread * E[max of n standard normals])``. ``spread``: the relative
+    standard deviation of the parts' compute speed (0 = identical parts, 1.0 returned)."""
+    if spread <= 0 or n <= 1:
+        return 1.0
+    return 1.0 / (1.0 + spread * expected_max_standard_normal(int(n)))

@@ -1,0 +1,84 @@
+"""The slowest part's pace: order statistics, the fleet figures, and where the simulator uses it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from paraplan import TrainingSpec, load_cluster, parse_plan, simulate
+from paraplan.simulator.compute import Device
+from paraplan.simulator.variability import expected_max_standard_normal, slowest_part_pace
+from paraplan.specs import load_gpu, load_model
+
+
+def test_expected_max_of_normals_matches_closed_forms_and_tables():
+    """E[max of n standard normals]: 1/sqrt(pi) for 2 and 3/(2 sqrt(pi)) for 3 in closed form;
+    Harter (1961) tabulates 1.0294 for 4, 1.1630 for 5, 1.4236 for 8 and 1.5388 for 10."""
+    assert expected_max_standard_normal(1) == 0.0
+    assert expected_max_standard_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_standard_normal(3) == pytest.approx(1.5 / math.sqrt(math.pi), abs=1e-6)
+    for n, table in ((4, 1.0294), (5, 1.1630), (8, 1.4236), (10, 1.5388)):
+        assert expected_max_standard_normal(n) == pytest.approx(table, abs=1e-4)
+
+
+@given(spread=st.floats(0.0, 0.5), n=st.integers(1, 1_000_000))
+def test_pace_is_a_slowdown_that_grows_with_the_fleet(spread, n):
+    pace = slowest_part_pace(spread, n)
+    assert 0.0 < pace <= 1.0
+    assert slowest_part_pace(spread, n + 1) <= pace
+    if spread == 0.0 or n == 1:
+        assert pace == 1.0
+
+
+def test_profiles_carry_the_fleet_measurements():
+    """V100: per-GPU SGEMM times of 392 Longhorn V100s, interquartile range 2.31% of the
+    median; A100: ResNet-50 iteration times of 219 Lonestar6 A100s, 2.11%. A normal body's
+    standard deviation is the IQR over 1.349 (hal-uw/blox-pal @da726cab aggregated_data)."""
+    assert load_gpu("v100-sxm2-16gb").unit_speed_spread == pytest.approx(0.0231 / 1.349,
+                                                                          abs=1e-4)
+    assert load_gpu("a100-sxm-80gb").unit_speed_spread == pytest.approx(0.0211 / 1.349, abs=1e-4)
+    assert load_gpu("mi300x").unit_speed_spread == 0.0  # no public fleet figure: no term
+
+
+def test_device_computes_at_the_slowest_of_its_fleet():
+    """Eight H100s in one step: GEMMs (the measured sustained figure) and attention run at
+    1 / (1 + 0.0156 x 1.4236) of one median part's speed; memory bandwidth keeps its level."""
+    h100 = load_gpu("h100-sxm")
+    one, eight = Device.of(h100, "bf16"), Device.of(h100, "bf16", synced_gpus=8)
+    pace = 1 / (1 + h100.unit_speed_spread * 1.4236)
+    assert eight.matmul_flops == pytest.approx(one.matmul_flops * pace, rel=1e-4)
+    assert eight.table_scale == pytest.approx(one.table_scale * pace, rel=1e-4)
+    assert eight.attention_bwd_flops == pytest.approx(one.attention_bwd_flops * pace, rel=1e-4)
+    assert eight.memory_Bps == one.memory_Bps
+    a100 = load_gpu("a100-sxm-80gb")  # burst efficiency x sustained clock path
+    ratio = Device.of(a100, "bf16", synced_gpus=512).matmul_flops / Device.of(
+        a100, "bf16").matmul_flops
+    assert ratio == pytest.approx(1 / (1 + a100.unit_speed_spread
+                                       * expected_max_standard_normal(512)), rel=1e-9)
+
+
+def test_simulate_prices_the_whole_jobs_slowest_part():
+    """A one-GPU run has no one to wait for; the same per-GPU work on eight GPUs (data
+    parallel) computes at the slowest of eight's pace; a fleet of identical parts does not."""
+    model = load_model("llama3-8b")
+    plan = parse_plan("tp=1,pp=1,zero=3,mbs=1,rc=full")
+
+    def compute_s(nodes: int, gpus_per_node: int, spread: float | None = None) -> float:
+        cluster = load_cluster("dgx-h100").with_nodes(nodes)
+        group = cluster.node_groups[0]
+        gpu = group.gpu if spread is None else group.gpu.model_copy(
+            update={"unit_speed_spread": spread})
+        group = group.model_copy(update={"gpu": gpu, "gpus_per_node": gpus_per_node})
+        cluster = cluster.model_copy(update={"node_groups": [group]})
+        n = cluster.num_gpus
+        rep = simulate(model, cluster, TrainingSpec(global_batch_size=4 * n, seq_len=4096,
+                                                    precision="bf16"), plan,
+                       time_if_oom=True)
+        return rep.time_s["compute"]
+
+    one, eight, same = compute_s(1, 1), compute_s(1, 8), compute_s(1, 8, spread=0.0)
+    assert same == pytest.approx(one, rel=1e-9)
+    assert one < eight < one * (1 + 0.0156 * 1.4236) * 1.0001
