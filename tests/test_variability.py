@@ -82,3 +82,26 @@ def test_simulate_prices_the_whole_jobs_slowest_part():
     one, eight, same = compute_s(1, 1), compute_s(1, 8), compute_s(1, 8, spread=0.0)
     assert same == pytest.approx(one, rel=1e-9)
     assert one < eight < one * (1 + 0.0156 * 1.4236) * 1.0001
+
+
+def test_cli_simulate_says_how_much_slower_the_slowest_part_computes():
+    """The real entry point: the JSON report carries each GPU type's pace, the text output
+    says it in words (32 DGX H100 nodes: the slowest of 256 parts, 0.0156 x 2.83 = 4.4%)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    args = ["simulate", "--model", "llama3-70b", "--cluster", "dgx-h100", "--nodes", "32",
+            "--global-batch", "1024", "--seq-len", "8192",
+            "--plan", "tp=8,pp=2,vpp=10,sp=1,mbs=2,zero=1"]
+    env = {**os.environ, "COLUMNS": "200"}
+    res = subprocess.run([sys.executable, "-m", "paraplan", *args, "--format", "json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    pace = json.loads(res.stdout)["slowest_part_pace"]["h100-sxm"]
+    assert 1 / pace - 1 == pytest.approx(0.0156 * expected_max_standard_normal(256), rel=1e-9)
+    text = subprocess.run([sys.executable, "-m", "paraplan", *args], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert text.returncode == 0, text.stderr
+    assert "h100-sxm 4.4% slower than a median part" in text.stdout

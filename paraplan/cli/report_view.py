@@ -54,6 +54,11 @@ def print_report(out: Console, report: dict[str, Any], title: str) -> None:
             times.add_row("  of which embedding all-reduce", _fmt_s(tied),
                           f"{100 * tied / total:.1f}%")
     out.print(times)
+    paces = {k: v for k, v in (report.get("slowest_part_pace") or {}).items() if v < 1.0}
+    if paces:
+        out.print("compute at the slowest part's pace (the step waits for it): " + ", ".join(
+            f"{name} {100 * (1 / pace - 1):.1f}% slower than a median part"
+            for name, pace in paces.items()))
     mem = Table(title="memory per GPU (worst stage, GiB)", title_justify="left")
     for key in ("weights", "grads", "optimizer", "activations", "other", "peak"):
         mem.add_column(key, justify="right")

@@ -128,14 +128,14 @@ class Device:
         # and below a host's lower cap (power_fraction); a directly measured sustained GEMM
         # figure (sustained_matmul_efficiency) replaces burst x clock for GEMMs. A step synced
         # over ``synced_gpus`` parts computes at its slowest part's pace (``variability``).
-        power = gpu.power_fraction * slowest_part_pace(gpu.unit_speed_spread, synced_gpus)
-        clock = gpu.sustained_clock_fraction * power
+        level = gpu.power_fraction * slowest_part_pace(gpu.unit_speed_spread, synced_gpus)
+        clock = gpu.sustained_clock_fraction * level
         fp8 = precision == "fp8"
         sustained = gpu.sustained_matmul_efficiency
         if fp8 and sustained is not None:
             sustained = gpu.sustained_matmul_efficiency_fp8 or sustained * eff / \
                 gpu.matmul_efficiency
-        matmul = peak * (eff * clock if sustained is None else sustained * power)
+        matmul = peak * (eff * clock if sustained is None else sustained * level)
         # Attention kernels run in 16-bit even in fp8 training.
         peak16 = max(gpu.peak_tflops.get("bf16", 0.0), gpu.peak_tflops.get("fp16", 0.0)) * 1e12
         peak16 = peak16 or peak
@@ -160,7 +160,7 @@ class Device:
             # not the 1.111x of their rated peaks (2500 / 2250).
             scale = eff / table.reference_matmul_efficiency * clock
         if table is not None and sustained is not None:  # shape from the table, level measured
-            scale = sustained * power / table.best_square_efficiency()
+            scale = sustained * level / table.best_square_efficiency()
         return cls(matmul, gpu.memory_bandwidth_GBps * 1e9 * gpu.memory_bandwidth_efficiency,
                    gpu.sm_count, fwd, bwd, peak_flops=peak, gemm_table=table,
                    table_scale=scale, fp8_cast_bytes=cast, fp8_weights_cached=weight_cache and fp8,

@@ -65,6 +65,7 @@ from paraplan.simulator.report import (
     infeasible,
 )
 from paraplan.simulator.stages import even_split, plan_chunks, stage_gpu_types
+from paraplan.simulator.variability import slowest_part_pace
 from paraplan.specs.checks import check_plan
 from paraplan.specs.cluster import ClusterSpec
 from paraplan.specs.loaders import load_trainer
@@ -338,7 +339,11 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              "num_gpus": n_gpus, "gpus_per_stage": span_ranks, "worst_stage": worst,
              "stage_gpu_types": [sorted(g) for g in stage_gpus],
              "stage_memory_capacity_gb": caps,
-             "plan_short": plan.short(), "pp_p2p_s": t_p2p, "tied_embedding_s": tied}
+             "plan_short": plan.short(), "pp_p2p_s": t_p2p, "tied_embedding_s": tied,
+             # Compute speed of each GPU type's slowest part over one median part's.
+             "slowest_part_pace": {g.gpu.name: slowest_part_pace(
+                 g.gpu.unit_speed_spread, cluster.count_of(g.gpu.name))
+                 for g in cluster.node_groups}}
     if uses_knobs(plan):
         extra["communication_savings"] = savings(model, training, plan)
     oom_reasons: list[str] = []

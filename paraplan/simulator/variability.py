@@ -22,8 +22,10 @@ from functools import lru_cache
 import numpy as np
 
 # Integration grid for E[max]: the integrand is negligible beyond |x| = 10 for any n up to
-# 10^9 GPUs (the largest of 10^9 normals sits near 6); 0.001 steps keep it exact to ~1e-7.
-_X = np.linspace(-10.0, 10.0, 20_001)
+# 10^9 GPUs (the largest of 10^9 normals sits near 6) and at both ends, so a plain sum of
+# 0.001 steps is the trapezoid rule, exact to ~1e-7.
+_DX = 0.001
+_X = np.arange(-10_000, 10_001) * _DX
 _PHI = np.exp(-0.5 * _X * _X) / math.sqrt(2.0 * math.pi)
 _CDF = 0.5 * (1.0 + np.vectorize(math.erf)(_X / math.sqrt(2.0)))
 
@@ -34,8 +36,7 @@ def expected_max_standard_normal(n: int) -> float:
     of ``x n phi(x) Phi(x)^(n-1)``; 0 for n <= 1."""
     if n <= 1:
         return 0.0
-    integrand = _X * n * _PHI * np.power(_CDF, n - 1)
-    return float(np.trapezoid(integrand, _X))
+    return float(np.sum(_X * n * _PHI * np.power(_CDF, n - 1)) * _DX)
 
 
 def slowest_part_pace(spread: float, n: int) -> float:
