@@ -173,7 +173,7 @@ class Device:
     def of_training(cls, gpu: GPUSpec, training: TrainingSpec, synced_gpus: int = 1) -> Device:
         """``Device.of`` with the precision, kernels, fp8 weight caching and MoE host stall
         (``TrainingSpec.moe_host_sync_s`` on this GPU's host) ``training`` runs, for a step
-        synchronised over ``synced_gpus`` parts of this type (``ClusterSpec.count_of``)."""
+        synchronised over ``synced_gpus`` parts (the job's world size)."""
         return replace(cls.of(gpu, training.precision, training.kernels,
                               weight_cache=training.fp8_weight_cache,
                               scaling=training.fp8_scaling, cast_kernels=training.fp8_cast_kernels,

@@ -148,6 +148,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes * pp_ratio(training, plan)
 
     span_ranks = dp * t * cp  # GPUs per pipeline stage (a block of consecutive ranks)
+    world = plan.world_size(n_gpus)  # the parts every step waits for (``variability``)
 
     # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).
@@ -158,7 +159,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         for name, gpu in gpus.items():
             key = (name, bases[name])
             if key not in per_gpu:
-                dev = Device.of_training(gpu, training, synced_gpus=cluster.count_of(name))
+                dev = Device.of_training(gpu, training, synced_gpus=world)
                 dense = layer_cost(model, topo, training, plan, dev, moe=False,
                                    base_rank=key[1])
                 moe = (layer_cost(model, topo, training, plan, dev, moe=True,
@@ -341,9 +342,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              "stage_memory_capacity_gb": caps,
              "plan_short": plan.short(), "pp_p2p_s": t_p2p, "tied_embedding_s": tied,
              # Compute speed of each GPU type's slowest part over one median part's.
-             "slowest_part_pace": {g.gpu.name: slowest_part_pace(
-                 g.gpu.unit_speed_spread, cluster.count_of(g.gpu.name))
-                 for g in cluster.node_groups}}
+             "slowest_part_pace": {g.gpu.name: slowest_part_pace(g.gpu.unit_speed_spread, world)
+                                   for g in cluster.node_groups}}
     if uses_knobs(plan):
         extra["communication_savings"] = savings(model, training, plan)
     oom_reasons: list[str] = []

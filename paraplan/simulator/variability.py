@@ -5,7 +5,9 @@ variation and each chip's power management settle them at different clocks, and 
 synchronises every step (gradient collectives, tensor- and pipeline-parallel exchanges) waits
 for its slowest member at each synchronisation: a persistent spread makes the same slow part
 gate every step. Single-GPU benchmarks, which the profiles' efficiencies come from, measure a
-typical (median) part.
+typical (median) part. ``n`` is the job's world size; a mixed job prices each type as if all
+n parts were of it (a small over-count: E[max] of 8 is 1.42, of 24 1.95), which keeps a
+layout's price independent of how many stages each type takes (the ILP's costs are linear).
 
 Model: per-part compute speed normal around the median with relative standard deviation
 ``spread`` (``GPUSpec.unit_speed_spread``, from fleet measurements cited in each profile); the

@@ -466,10 +466,6 @@ class ClusterSpec(StrictModel):
             seen.setdefault(g.region, None)
         return list(seen)
 
-    def count_of(self, gpu_name: str) -> int:
-        """GPUs of the type named ``gpu_name`` in the cluster (0 if none)."""
-        return sum(g.num_gpus for g in self.node_groups if g.gpu.name == gpu_name)
-
     @property
     def gpu(self) -> GPUSpec:
         """The GPU of the first node group (the only one in a homogeneous cluster)."""

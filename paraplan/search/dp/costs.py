@@ -82,7 +82,7 @@ def _layer_pass(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 def gpu_costs(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
               plan: ParallelPlan, gpu: GPUSpec, base_rank: int = 0) -> GpuCosts:
-    dev = Device.of_training(gpu, training, synced_gpus=cluster.count_of(gpu.name))
+    dev = Device.of_training(gpu, training, synced_gpus=plan.world_size(cluster.num_gpus))
     dense = _layer_pass(model, cluster, training, plan, dev, moe=False, base_rank=base_rank)
     moe = (_layer_pass(model, cluster, training, plan, dev, moe=True, base_rank=base_rank)
            if model.is_moe else dense)

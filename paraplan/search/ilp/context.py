@@ -119,12 +119,12 @@ def layer_costs(ctx: Ctx, plan: ParallelPlan, first: str,
                 gpu: str) -> tuple[float, float, float, float]:
     """(forward, backward, LM-head forward, LM-head backward) seconds of one layer / one
     micro-batch on GPU type ``gpu`` when type ``first`` hosts stage 0 (``layer_cost``)."""
+    world = plan.world_size(ctx.cluster.num_gpus)  # the job's parts set its pace
     key = (plan.tp, plan.cp, plan.ep, plan.etp, plan.sequence_parallel, plan.micro_batch_size,
-           plan.recompute, plan.tp_comm_overlap, first, gpu)
+           plan.recompute, plan.tp_comm_overlap, first, gpu, world)
     hit = ctx.costs.get(key)
     if hit is None:
-        dev = Device.of_training(ctx.types[gpu].gpu, ctx.training,
-                                  synced_gpus=ctx.cluster.count_of(gpu))
+        dev = Device.of_training(ctx.types[gpu].gpu, ctx.training, synced_gpus=world)
         # simulate prices each stage's TP/CP/EP groups on its own GPU type's links, so the
         # cost of type ``gpu`` no longer depends on which type hosts stage 0.
         topo = _probe(ctx, gpu).topology

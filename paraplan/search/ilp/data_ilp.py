@@ -67,8 +67,7 @@ def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
     dense, experts = params_per_stage(ctx.model, plan, layers, crit)
     buckets = max(1.0, (dense + experts) / float(dp_bucket_elements(plan.dp or len(union),
                                                                   ctx.training.ddp_bucket_size)))
-    dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training,
-                             synced_gpus=ctx.cluster.count_of(group.gpu))
+    dev = Device.of_training(ctx.types[group.gpu].gpu, ctx.training)  # its NCCL share only
 
     def exposed(sync: float) -> float:
         if not plan.overlap_grad_reduce:
