@@ -82,7 +82,8 @@ class Device:
     """What the roofline needs from a GPU for one precision (FLOP/s and bytes/s)."""
 
     matmul_flops: float
-    """Achievable dense GEMM throughput, FLOP/s (peak * matmul_efficiency)."""
+    """Achievable dense GEMM throughput, FLOP/s (peak * matmul_efficiency, at the sustained
+    clock and the job's slowest part's pace)."""
     memory_Bps: float
     """Achievable memory bandwidth, bytes/s (peak * memory_bandwidth_efficiency)."""
     sm_count: int | None = None
@@ -98,7 +99,8 @@ class Device:
     table_scale: float = 1.0
     """Factor on the table's efficiency: this part's GEMM efficiency for the precision over the
     table's reference part's (``GemmTable.reference_matmul_efficiency``; without one, the fp8
-    over the 16-bit efficiency where a 16-bit table prices fp8), times the clock fraction."""
+    over the 16-bit efficiency where a 16-bit table prices fp8), times the clock fraction and
+    the slowest part's pace (a table's small, memory- or launch-bound shapes carry both too)."""
     fp8_cast_bytes: float = 0.0
     """Bytes moved per GEMM input element to cast it to fp8 (0 when not training in fp8)."""
     fp8_weights_cached: bool = False
@@ -120,6 +122,10 @@ class Device:
     def of(cls, gpu: GPUSpec, precision: str, kernels: str = "fused", *,
            weight_cache: bool = False, scaling: str = "delayed",
            cast_kernels: int = 0, synced_gpus: int = 1) -> Device:
+        """The roofline's view of ``gpu`` training in ``precision`` with ``kernels`` (fused or
+        eager non-GEMM ops); ``weight_cache``, ``scaling``, ``cast_kernels``: the fp8 recipe
+        (``TrainingSpec``); ``synced_gpus``: GPUs (a count) every step synchronises, whose
+        slowest sets GEMM and attention throughput (``variability``); 1 = this part alone."""
         peak = gpu.peak_flops(precision) if precision in gpu.peak_tflops else \
             gpu.peak_flops("fp16")
         eff = gpu.matmul_efficiency_fp8 if (precision == "fp8" and gpu.matmul_efficiency_fp8) \

@@ -95,7 +95,8 @@ def _pipeline_span(schedule: str, t_f: tuple[float, ...], t_b: tuple[float, ...]
 
 def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
              plan: ParallelPlan, *, time_if_oom: bool = False,
-             trainer: TrainerSpec | str | None = None) -> StepReport:
+             trainer: TrainerSpec | str | None = None,
+             job_gpus: int | None = None) -> StepReport:
     """Simulate one training step of ``plan``; infeasible plans say why in ``reasons``.
 
     Args:
@@ -106,9 +107,12 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             TrainerSpec: its TP/DP overlap, gradient-reduction dtype, dropout and kernels,
             except fields the plan or training set explicitly); a plan the trainer cannot
             express is infeasible and the reasons say why. None prices the plan as written.
+        job_gpus: the GPUs the whole job synchronises every step, where this call prices one
+            part of a larger job (the data ILP's per-type replica groups); their slowest sets
+            the compute pace (``variability``). None: the plan's world size on ``cluster``.
     """
     if trainer is None:
-        return _simulate(model, cluster, training, plan, time_if_oom)
+        return _simulate(model, cluster, training, plan, time_if_oom, job_gpus)
     spec = trainer if isinstance(trainer, TrainerSpec) else load_trainer(trainer)
     training, plan = apply_trainer(spec, training, plan)
     dp = plan.resolved_dp(cluster.num_gpus)
@@ -119,7 +123,7 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     if cannot:
         report = infeasible(plan, check_plan(model, cluster, training, plan) + cannot)
     else:
-        report = _simulate(model, cluster, training, plan, time_if_oom)
+        report = _simulate(model, cluster, training, plan, time_if_oom, job_gpus)
     report.extra["trainer"] = spec.name
     if training.moments_dtype != "fp32":  # a run setting its plan JSON and exports carry
         report.extra["moments_dtype"] = training.moments_dtype
@@ -132,7 +136,8 @@ def simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 
 def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-              plan: ParallelPlan, time_if_oom: bool) -> StepReport:
+              plan: ParallelPlan, time_if_oom: bool, job_gpus: int | None = None
+              ) -> StepReport:
     """``simulate`` of the plan as written."""
     reasons = check_plan(model, cluster, training, plan)
     if reasons:
@@ -148,7 +153,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes * pp_ratio(training, plan)
 
     span_ranks = dp * t * cp  # GPUs per pipeline stage (a block of consecutive ranks)
-    world = plan.world_size(n_gpus)  # the parts every step waits for (``variability``)
+    world = job_gpus or plan.world_size(n_gpus)  # the parts a step waits for (variability)
 
     # Each stage is a block of dp*tp*cp consecutive ranks; on a mixed cluster its ranks may sit
     # on different GPU types, and the slowest one paces the whole stage (they synchronize).

@@ -5,15 +5,18 @@ variation and each chip's power management settle them at different clocks, and 
 synchronises every step (gradient collectives, tensor- and pipeline-parallel exchanges) waits
 for its slowest member at each synchronisation: a persistent spread makes the same slow part
 gate every step. Single-GPU benchmarks, which the profiles' efficiencies come from, measure a
-typical (median) part. ``n`` is the job's world size; a mixed job prices each type as if all
-n parts were of it (a small over-count: E[max] of 8 is 1.42, of 24 1.95), which keeps a
-layout's price independent of how many stages each type takes (the ILP's costs are linear).
+typical (median) part.
 
-Model: per-part compute speed normal around the median with relative standard deviation
-``spread`` (``GPUSpec.unit_speed_spread``, from fleet measurements cited in each profile); the
-expected slowest of ``n`` independent parts runs ``spread x E[max of n standard normals]``
-slower (order statistics: E[max] = integral of x n phi(x) Phi(x)^(n-1) dx; 0.5642 for n = 2,
-1.4236 for n = 8, Harter 1961's tables). Pure functions; dimensionless factors.
+Model: per-part compute time (the measured quantity: kernel and iteration times) normal around
+the median part's, relative standard deviation ``spread`` (``GPUSpec.unit_speed_spread``, from
+fleet measurements cited in each profile); the expected slowest of ``n`` independent parts
+takes ``spread x E[max of n standard normals]`` longer (order statistics: E[max] = integral of
+x n phi(x) Phi(x)^(n-1) dx; 0.5642 for n = 2, 1.4236 for n = 8, Harter 1961's tables). The
+normal body is measured on a few hundred parts; its tail at 10^4 parts (E[max] near 4) is an
+extrapolation. ``n`` is the job's world size; a mixed job prices each type as if all n parts
+were of it (a small over-count: E[max] of 8 is 1.42, of 24 1.95), which keeps a layout's
+price independent of how many stages each type takes (the ILP's costs are linear). Pure
+functions; dimensionless factors.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ _DX = 0.001
 _X = np.arange(-10_000, 10_001) * _DX
 _PHI = np.exp(-0.5 * _X * _X) / math.sqrt(2.0 * math.pi)
 _CDF = 0.5 * (1.0 + np.vectorize(math.erf)(_X / math.sqrt(2.0)))
+for _grid in (_X, _PHI, _CDF):
+    _grid.setflags(write=False)  # constants
 
 
 @lru_cache(maxsize=4096)
@@ -43,7 +48,8 @@ def expected_max_standard_normal(n: int) -> float:
 
 def slowest_part_pace(spread: float, n: int) -> float:
     """Compute throughput of the slowest of ``n`` parts relative to the median part's
-    (<= 1): ``1 / (1 + spread * E[max of n standard normals])``. ``spread``: the relative
+    (<= 1): ``1 / (1 + spread * E[max of n standard normals])``, its compute time being
+    ``1 + spread * E[max]`` times the median's. ``spread``: the relative
     standard deviation of the parts' compute speed (0 = identical parts, 1.0 returned)."""
     if spread <= 0 or n <= 1:
         return 1.0

@@ -192,8 +192,9 @@ class GPUSpec(StrictModel):
     """Relative standard deviation of compute-bound speed between parts of this SKU in one
     fleet at the same power limit (manufacturing variation under power management; fleet
     measurements in ``sources``). A step synchronised over n parts runs its GEMMs and
-    attention at the slowest one's pace (``simulator.variability``); memory bandwidth is
-    not scaled. 0 = identical parts."""
+    attention at the slowest one's pace (``simulator.variability``); memory-bound kernels'
+    bandwidth is not scaled (a measured GEMM table's small shapes are: the table is
+    scaled as a whole). 0 = identical parts."""
     host_time_factor: float = Field(default=1.0, gt=0, le=100)
     """Host (CPU) time of one framework op on this GPU's host over a DGX H100's Xeon 8480C
     (1.0): Grace-hosted parts (GH200, GB200) issue PyTorch ops more slowly. Scales

@@ -42,7 +42,10 @@ def _simulate_group(ctx: Ctx, ch: Choice, gpu: str, replicas: int,
     train = ctx.training.model_copy(
         update={"global_batch_size": replicas * microbatches * ch.mbs})
     plan = _replica_plan(ctx, ch, replicas)
-    return simulate(ctx.model, sub, train, plan), plan, sub
+    # The whole job's slowest part paces every group: the world the bounds price
+    # (``bounds.replica_times``: dp left to the cluster).
+    job = ch.plan(ctx.constants, dp=None).world_size(ctx.cluster.num_gpus)
+    return simulate(ctx.model, sub, train, plan, job_gpus=job), plan, sub
 
 
 def _union_dp_time(ctx: Ctx, group: DataGroup, cluster: ClusterSpec,
@@ -112,6 +115,8 @@ def _compose(ctx: Ctx, ch: Choice, groups: list[DataGroup], cluster: ClusterSpec
         "memory_capacity_gb": worst.report.extra.get("memory_capacity_gb"),
         "memory_headroom_gb": worst.report.extra.get("memory_headroom_gb"),
         "num_microbatches": max(max(gr.microbatches_per_replica) for gr in groups),
+        "slowest_part_pace": {k: v for gr in groups
+                              for k, v in gr.report.extra.get("slowest_part_pace", {}).items()},
     }
     report = StepReport(
         feasible=True, reasons=[], step_time_s=step, tokens_per_s=tr.tokens_per_step / step,
