@@ -105,3 +105,20 @@ def test_cli_simulate_says_how_much_slower_the_slowest_part_computes():
                           text=True, timeout=120, env=env)
     assert text.returncode == 0, text.stderr
     assert "h100-sxm 4.4% slower than a median part" in text.stdout
+
+
+def test_a_part_of_a_larger_job_runs_at_the_whole_jobs_pace():
+    """simulate(job_gpus=n): one replica group of a larger job (the data ILP prices each GPU
+    type's group on a cluster of its own) computes at the pace of the job's n parts."""
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100")
+    training = TrainingSpec(global_batch_size=16, seq_len=4096, precision="bf16")
+    plan = parse_plan("tp=1,pp=1,zero=3,mbs=1,rc=full")
+    alone = simulate(model, cluster, training, plan, time_if_oom=True)
+    part = simulate(model, cluster, training, plan, time_if_oom=True, job_gpus=1024)
+    spread = cluster.gpu.unit_speed_spread
+    assert alone.extra["slowest_part_pace"]["h100-sxm"] == pytest.approx(
+        1 / (1 + spread * expected_max_standard_normal(8)))
+    assert part.extra["slowest_part_pace"]["h100-sxm"] == pytest.approx(
+        1 / (1 + spread * expected_max_standard_normal(1024)))
+    assert part.time_s["compute"] > alone.time_s["compute"]
