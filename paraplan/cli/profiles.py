@@ -31,12 +31,14 @@ def profiles(fmt: FormatOpt = Format.table) -> None:
         return
     out = console()
     gpus = Table(title="GPUs", title_justify="left")
-    for col in ("name", "bf16/fp16 TFLOP/s", "memory GiB", "mem BW GB/s", "matmul eff."):
+    for col in ("name", "bf16/fp16 TFLOP/s", "memory GiB", "mem BW GB/s", "matmul eff.",
+                "part spread"):
         gpus.add_column(col, justify="left" if col == "name" else "right")
     for n in names["gpus"]:
         row = _gpu_row(n)
         gpus.add_row(n, f"{row['peak_16bit_tflops']:g}", f"{row['memory_GiB']:g}",
-                     f"{row['memory_bandwidth_GBps']:g}", f"{row['matmul_efficiency']:.2f}")
+                     f"{row['memory_bandwidth_GBps']:g}", f"{row['matmul_efficiency']:.2f}",
+                     f"{100 * row['unit_speed_spread']:.2f}%")
     out.print(gpus)
     links = Table(title="Links (bandwidth one direction)", title_justify="left")
     for col in ("name", "kind", "GB/s", "latency us", "efficiency"):
@@ -64,6 +66,7 @@ def _gpu_row(name: str) -> dict[str, Any]:
         "memory_GiB": gpu.memory_GiB,
         "memory_bandwidth_GBps": gpu.memory_bandwidth_GBps,
         "matmul_efficiency": gpu.matmul_efficiency,
+        "unit_speed_spread": gpu.unit_speed_spread,
     }
 
 
