@@ -30,11 +30,18 @@ import numpy as np
 # 10^9 GPUs (the largest of 10^9 normals sits near 6) and at both ends, so a plain sum of
 # 0.001 steps is the trapezoid rule, exact to ~1e-7.
 _DX = 0.001
-_X = np.arange(-10_000, 10_001) * _DX
-_PHI = np.exp(-0.5 * _X * _X) / math.sqrt(2.0 * math.pi)
-_CDF = 0.5 * (1.0 + np.vectorize(math.erf)(_X / math.sqrt(2.0)))
-for _grid in (_X, _PHI, _CDF):
-    _grid.setflags(write=False)  # constants
+
+
+@lru_cache(maxsize=1)
+def _grid() -> tuple[np.ndarray, np.ndarray]:
+    """(x phi(x), Phi(x)) on the integration grid, read-only, built on first use (not at
+    import: every command imports the simulator)."""
+    x = np.arange(-10_000, 10_001) * _DX
+    x_phi = x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    for grid in (x_phi, cdf):
+        grid.setflags(write=False)
+    return x_phi, cdf
 
 
 @lru_cache(maxsize=4096)
@@ -43,7 +50,8 @@ def expected_max_standard_normal(n: int) -> float:
     of ``x n phi(x) Phi(x)^(n-1)``; 0 for n <= 1."""
     if n <= 1:
         return 0.0
-    return float(np.sum(_X * n * _PHI * np.power(_CDF, n - 1)) * _DX)
+    x_phi, cdf = _grid()
+    return float(np.sum(x_phi * np.power(cdf, n - 1)) * n * _DX)
 
 
 def slowest_part_pace(spread: float, n: int) -> float:
