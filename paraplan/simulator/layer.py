@@ -36,7 +36,7 @@ from paraplan.simulator.layer_terms import (
     shared_terms,
 )
 from paraplan.simulator.loss import lm_head_times
-from paraplan.simulator.tp_overlap import tp_overlap_split_time
+from paraplan.simulator.tp_overlap import dgrad_overlap_delta, tp_overlap_split_time
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -120,6 +120,9 @@ class SharedParts:
     tp_bwd_exposed_s: Any = 0.0
     """Of ``tp_s``, what a backward pass cannot hide under the overlap: PyTorch's async TP
     fuses no reduce-scatter of an input gradient (``shared_parts``); 0 otherwise."""
+    tp_bwd_delta_s: Any = 0.0
+    """Added to one backward TP collective's exposed time where the column-parallel linears
+    hide it under their gradient GEMMs (``tp_overlap.dgrad_overlap_delta``); 0 otherwise."""
 
 
 def compose_parts(shared: SharedParts, routed: RoutedTerms
@@ -133,7 +136,8 @@ def compose_parts(shared: SharedParts, routed: RoutedTerms
     cover = lt.gemm_fwd_s * shared.tp_cover
     tp_c = coll.overlapped(shared.tp_s, cover, shared.tp_cover_sms)
     tp_b = coll.overlapped(shared.tp_s - shared.tp_bwd_exposed_s, cover,
-                           shared.tp_cover_sms) + shared.tp_bwd_exposed_s
+                           shared.tp_cover_sms) + shared.tp_bwd_exposed_s \
+        + shared.tp_bwd_delta_s
     return lt, tp_c, tp_b, shared.cp_s, shared.cp_bwd_s
 
 
@@ -151,7 +155,7 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     act_bytes = mb_tokens * model.hidden_size * training.compute_bytes
     terms = shared_terms(model, training, plan, device, moe=moe, attention=attention)
     split_fwd, split_bwd = tp_overlap_split_time(model, training, plan, device, moe=moe)
-    tp_c = cover = sms = bwd_exposed = 0.0
+    tp_c = cover = sms = bwd_exposed = bwd_delta = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))
         scatter = 0.0
@@ -160,6 +164,10 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
             tp_c = coll.group_collective(topo, tp_group, "all_gather", act_bytes) + scatter
         else:
             tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
+        if training.tp_dgrad_overlap and not plan.tp_comm_overlap:
+            bwd_delta = dgrad_overlap_delta(
+                model, training, plan, device, moe=moe, reduce_s=tp_c,
+                gather_s=tp_c - scatter, scatter_s=scatter)
         if plan.tp_comm_overlap:
             # Chunks under the adjacent GEMM (a quarter of the layer's GEMMs per collective,
             # routed experts included: ``compose_parts``); the SMs it holds:
@@ -209,7 +217,8 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
             first = terms.attention_fwd_s / cp
             cp_c = coll.overlapped(gather, first, device.nccl_slowdown)
             cp_b = cp_c + dkv * ring_c
-    return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b, bwd_exposed)
+    return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b, bwd_exposed,
+                       bwd_delta)
 
 
 def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,

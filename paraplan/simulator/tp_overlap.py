@@ -13,6 +13,7 @@ as long as the GEMM runs. The exposed communication that remains is
 
 from __future__ import annotations
 
+from paraplan.simulator.collectives import overlapped
 from paraplan.simulator.compute import Device, gemm_time
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
@@ -58,3 +59,55 @@ def tp_overlap_split_time(model: ModelSpec, training: TrainingSpec, plan: Parall
     fwd = sum(gemm_time(device, m, n, k) for k, n in scattered) * slower
     bwd = sum(gemm_time(device, m, k, n) for k, n in gathered) * slower  # data gradients
     return fwd, bwd
+
+
+def column_linear_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                        device: Device, *, moe: bool) -> tuple[float | None, float | None]:
+    """Forward GEMM seconds (one layer and micro-batch; the weight- and data-gradient GEMMs do
+    the same FLOPs) of the column-parallel linears that read the layer's hidden state:
+    attention's fused QKV and the dense MLP's FC1 (gated: gate and up). None where a side has
+    no such linear: MLA's projections read its latents, and an MoE block's TP traffic is its
+    dispatcher's, not a linear's."""
+    t, h = plan.tp, model.hidden_size
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    qkv = [p.per_rank(t) for p in model.attention.projections
+           if p.split == "column" and p.k_in == h]
+    attn = sum(gemm_time(device, tokens, n, k) for k, n in qkv) if qkv else None
+    if moe:
+        return attn, None
+    gate = 2 if model.mlp_matrices == 3 else 1
+    return attn, gemm_time(device, tokens, gate * model.ffn_hidden_size / t, h)
+
+
+def dgrad_overlap_delta(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                        device: Device, *, moe: bool, reduce_s: float, gather_s: float,
+                        scatter_s: float) -> float:
+    """Change in one backward TP collective's exposed seconds (a layer's backward has two)
+    when the trainer overlaps them as Megatron does (``TrainingSpec.tp_dgrad_overlap``;
+    ``plan.tp_comm_overlap`` off). ``reduce_s``, ``gather_s``, ``scatter_s``: one all-reduce,
+    all-gather, reduce-scatter of the layer's b s h activations on its TP group.
+
+    Megatron-LM (megatron/mpu/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``,
+    2022-03; async all-reduce since cf7efd4f5a, 2021-08) and Transformer Engine
+    (pytorch/module/linear.py ``_Linear.backward``) compute a column-parallel linear's data
+    gradient, start its all-reduce (sequence parallel: reduce-scatter) asynchronously, run the
+    weight-gradient GEMM and only then wait; under sequence parallelism the input the forward
+    saved sharded is re-gathered asynchronously during the data-gradient GEMM. Korthikanti et
+    al. 2022 (arXiv:2205.05198) sec. 6.2 measure it: the 22B layer's backward is 11.9 ms
+    without recompute, and full recompute costs 39% rather than 33% "due to an optimization
+    in the backward pass where we overlap all-reduce communication with the linear weight's
+    gradient computation" (the recomputed forward's all-reduces stay exposed). What the GEMM
+    covers costs NCCL's SMs (``Device.nccl_slowdown``); the row-parallel linears' output
+    gradients (sequence parallel: all-gathers) stay exposed."""
+    sms = device.nccl_slowdown
+    base = gather_s + scatter_s if plan.sequence_parallel else reduce_s
+    total = 0.0
+    for cover in column_linear_times(model, training, plan, device, moe=moe):
+        if cover is None:
+            total += base
+        elif plan.sequence_parallel:
+            total += gather_s + overlapped(gather_s, cover, sms) + overlapped(scatter_s, cover,
+                                                                               sms)
+        else:
+            total += overlapped(reduce_s, cover, sms)
+    return total / 2.0 - base

@@ -109,6 +109,9 @@ class TrainerRuns(StrictModel):
     """The overlap works on sequence parallelism's all-gather / reduce-scatter only."""
     tp_overlap: Literal["userbuffers", "async_tp"] = "userbuffers"
     """How its TP overlap runs (``TrainingSpec.tp_overlap``)."""
+    tp_dgrad_overlap: bool = False
+    """Its column-parallel linears overlap the backward's input-gradient TP collective with
+    the weight-gradient GEMM (``TrainingSpec.tp_dgrad_overlap``)."""
     overlap_grad_reduce: bool
     """DP gradient reduction overlapped with the backward pass (buckets)."""
     overlap_param_gather: bool = False
@@ -360,6 +363,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
     facts = {"grad_reduce_fp32": runs.grad_reduce_fp32 if isinstance(runs.grad_reduce_fp32, bool)
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "tp_overlap": runs.tp_overlap,
+             "tp_dgrad_overlap": runs.tp_dgrad_overlap,
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,

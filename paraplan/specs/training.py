@@ -231,6 +231,13 @@ class TrainingSpec(StrictModel):
     (``simulator.tp_overlap``), or PyTorch's async TP (torchtitan
     ``enable_async_tensor_parallel``), whose hidden part is charged the SMs of any overlapped
     collective (``compute.NCCL_SMS``)."""
+    tp_dgrad_overlap: bool = False
+    """Without ``plan.tp_comm_overlap``, each column-parallel linear's backward runs its
+    input-gradient TP collective (the all-reduce; under sequence parallelism the
+    reduce-scatter) during its weight-gradient GEMM, and under sequence parallelism re-gathers
+    its input during its data-gradient GEMM (Megatron-LM's async tensor-parallel all-reduce
+    from 2021-08, ``LinearWithGradAccumulationAndAsyncCommunication``; Transformer Engine's
+    ``_Linear.backward``). ``tp_overlap.dgrad_overlap_delta`` prices it."""
     grad_reduce_fp32: bool = False
     """Reduce gradients across data-parallel ranks in fp32 (4 bytes/param) instead of the
     compute dtype (torchtitan's FSDP2 default ``mixed_precision_reduce = float32``)."""

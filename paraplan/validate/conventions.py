@@ -115,6 +115,10 @@ class SourceConvention:
     grad_reduce_fp32: bool | None = None
     """The source's harness sets gradient reduction (and the buffer) away from its trainer's
     default; None: the trainer profile's."""
+    tp_dgrad_overlap: bool | None = None
+    """The source's code overlaps the backward's TP collectives with the weight-gradient GEMMs
+    (``TrainingSpec.tp_dgrad_overlap``) where its trainer profile says otherwise; None: the
+    profile's."""
     sync_free_moe: bool = False
     """The runs' MoE layers never synchronise with the host (Megatron-Core's sync-free MoE
     under full-iteration CUDA graphs), so no ``TrainingSpec.moe_host_sync_s``."""
@@ -134,7 +138,12 @@ SOURCES: dict[str, SourceConvention] = {
     "korthikanti2022": SourceConvention(
         "megatron-lm-2021", False, None, "korthikanti", 312.0,
         "Megatron-LM 2022 (pre megatron-core: same DDP/optimizer code as 2021, plus sequence "
-        "parallelism and selective recompute, which are plan fields); no FlashAttention"),
+        "parallelism and selective recompute, which are plan fields); no FlashAttention",
+        # Sec. 6.2: full recompute costs 39%, not 33%, "due to an optimization in the backward
+        # pass where we overlap all-reduce communication with the linear weight's gradient
+        # computation" (Megatron-LM's async TP all-reduce, cf7efd4f5a 2021-08, after the 2021
+        # paper's runs; the sequence-parallel reduce-scatter the same way from 2022-03).
+        tp_dgrad_overlap=True),
     "torchtitan": SourceConvention(
         "torchtitan", True, "torchtitan", "torchtitan", None,
         "FSDP2 + TP/PP/CP; SDPA flash kernels; MFU peak 312 (A100) / 989 (H100 SXM)"),

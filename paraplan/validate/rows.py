@@ -434,6 +434,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
                            "row's MP Mode)")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
+        if conv is not None and conv.tp_dgrad_overlap is not None:
+            explicit["tp_dgrad_overlap"] = conv.tp_dgrad_overlap
         if conv is not None and conv.sync_free_moe:
             explicit["moe_host_sync_s"] = 0.0
         # A row's own gradient-sync and optimizer-state dtypes (the config it ran: NeMo's
