@@ -37,8 +37,9 @@ class GemmTable(StrictModel):
 
     ``tflops`` is flattened m-major over the ``m`` x ``n`` x ``k`` grid; ``m`` folds batched
     entries in (a batch of b GEMMs of m rows counts as b*m rows). Lookups interpolate
-    trilinearly in log2(shape), clamp m and n at the grid's edges and extrapolate k beyond the
-    longest measured one by the per-tile time's trend in k (``_interpolate``).
+    trilinearly in log2(shape), fold an output dimension beyond the grid's edge into the other
+    one (``_fold``), clamp at the largest output and extrapolate k beyond the longest measured
+    one by the per-tile time's trend in k (``_interpolate``).
     """
 
     name: str
@@ -107,7 +108,22 @@ class GemmTable(StrictModel):
         """The table's fastest measured shape, TFLOP/s."""
         return max(self.tflops)
 
+    def _fold(self, m: float, n: float) -> tuple[float, float]:
+        """(m, n) with an output dimension beyond the grid's edge folded into the other,
+        keeping the output's m x n (its tile count) while the other has room: at a given k
+        the measured throughput follows the output's area, not its aspect ratio (OpenXLA's
+        sm_90 table, bf16, k = 2048 and 4096: 512x4096, 1024x2048, 2048x1024 and 4096x512 all
+        within 1.0%; 1024x4096, 2048x2048, 4096x1024 within 0.1%), so a 2048 x 9216 output
+        runs as a 4096 x 4608 one does, not as the 2048 x 4096 a clamp would read."""
+        m_max, n_max = self.m[-1], self.n[-1]
+        if n > n_max and m < m_max:
+            return min(m_max, m * n / n_max), n_max
+        if m > m_max and n < n_max:
+            return m_max, min(n_max, n * m / m_max)
+        return m, n
+
     def _interpolate(self, m: float, n: float, k: float) -> float:
+        m, n = self._fold(m, n)
         if k > self.k[-1] and len(self.k) > 1:
             # Beyond the grid's longest inner dimension the output tiles only loop longer:
             # time = fixed per-tile work (prologue, epilogue, waves) + a part linear in k,
