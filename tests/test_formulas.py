@@ -964,15 +964,21 @@ def test_measured_gemm_throughput_follows_the_output_area_not_its_shape(name):
     assert table.efficiency(2048, 9216, 4096) > table.efficiency(2048, 4096, 4096)
 
 
-@given(m=st.floats(256, 1e5), n=st.floats(256, 1e5), k=st.sampled_from([512, 2048, 4096, 12288]))
+@given(m=st.floats(1, 1e5), n=st.floats(1, 1e5), k=st.sampled_from([512, 2048, 4096, 12288]))
 @settings(max_examples=60, deadline=None)
-def test_gemm_table_lookup_never_slower_than_the_clamp_beyond_the_grid(m, n, k):
-    # Folding an output dimension beyond the grid into the other one never reads a rate
-    # meaningfully slower than clamping it did (the table's rows beyond 4,096, batched
-    # entries, dip by up to 0.1%), nor one above the table's fastest shape.
+def test_gemm_table_fold_keeps_the_output_area(m, n, k):
+    # An output dimension beyond the grid folds into the other one at the same m x n while
+    # that one has room; the lookup stays within (0, the table's fastest shape].
     from paraplan.specs.loaders import load_gemm_table
 
     table = load_gemm_table("sm_90")
-    clamped = table.efficiency(min(m, table.m[-1]), min(n, table.n[-1]), k)
-    assert table.efficiency(m, n, k) >= 0.99 * clamped
+    m_max, n_max = table.m[-1], table.n[-1]
+    fm, fn = table._fold(m, n)
+    if n > n_max and m * n / n_max <= m_max:
+        assert (fm, fn) == (pytest.approx(m * n / n_max), n_max)
+    elif m > m_max and m * n / m_max <= n_max:
+        assert (fm, fn) == (m_max, pytest.approx(m * n / m_max))
+    elif m <= m_max and n <= n_max:
+        assert (fm, fn) == (m, n)
+    assert table.efficiency(m, n, k) == table.efficiency(fm, fn, k)
     assert 0.0 < table.efficiency(m, n, k) <= table.best_tflops / table.reference_peak_tflops

@@ -99,3 +99,30 @@ def test_korthikanti_table4_layer_times():
     # exposed while the first backward's hide (the paper's 39%).
     overhead = got["full", False] / got["none", False] - 1
     assert 0.35 < overhead < 0.45
+
+
+def test_sp_regather_exposed_where_the_gemms_are_too_short():
+    # Megatron's SP backward always re-gathers the input its forward saved sharded; with
+    # collectives longer than the GEMMs that re-gather shows, so the backward grows.
+    model, training, plan, dev = _llama8b_case(sp=True)
+    qkv, fc1 = column_linear_times(model, training, plan, dev, moe=False)
+    sms = dev.nccl_slowdown
+    gat = sca = 10 * max(qkv, fc1)
+    got = dgrad_overlap_delta(model, training, plan, dev, moe=False, reduce_s=0.0,
+                              gather_s=gat, scatter_s=sca)
+    sides = sum(gat + coll.overlapped(gat, c, sms) + coll.overlapped(sca, c, sms)
+                for c in (qkv, fc1))
+    assert got == pytest.approx(sides / 2 - (gat + sca)) and got > 0
+
+
+def test_lm_head_input_gradient_hides_under_its_gemms():
+    from paraplan.simulator.layer import lm_head_cost
+
+    model, training, plan, dev = _llama8b_case(sp=False)
+    topo = load_cluster("dgx-h100", nodes=1).topology
+    on = lm_head_cost(model, topo, training, plan, dev)
+    off = lm_head_cost(model, topo, training.model_copy(update={"tp_dgrad_overlap": False}),
+                       plan, dev)
+    ar = coll.group_collective(topo, (0, 1), "all_reduce", 4096 * 4096 * 2)
+    assert off.bwd - on.bwd == pytest.approx(ar * (1 - dev.nccl_slowdown))
+    assert on.fwd == off.fwd

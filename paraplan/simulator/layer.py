@@ -121,8 +121,10 @@ class SharedParts:
     """Of ``tp_s``, what a backward pass cannot hide under the overlap: PyTorch's async TP
     fuses no reduce-scatter of an input gradient (``shared_parts``); 0 otherwise."""
     tp_bwd_delta_s: Any = 0.0
-    """Added to one backward TP collective's exposed time where the column-parallel linears
-    hide it under their gradient GEMMs (``tp_overlap.dgrad_overlap_delta``); 0 otherwise."""
+    """Added to one backward TP collective's exposed time where the trainer runs the column-
+    parallel linears' backward collectives under their gradient GEMMs, sequence parallelism's
+    input re-gather included (``tp_overlap.dgrad_overlap_delta``; positive where the GEMMs are
+    too short to hide that re-gather); 0 otherwise."""
 
 
 def compose_parts(shared: SharedParts, routed: RoutedTerms
@@ -165,9 +167,10 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
         else:
             tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
         if training.tp_dgrad_overlap and not plan.tp_comm_overlap:
+            sp = plan.sequence_parallel
             bwd_delta = dgrad_overlap_delta(
-                model, training, plan, device, moe=moe, reduce_s=tp_c,
-                gather_s=tp_c - scatter, scatter_s=scatter)
+                model, training, plan, device, moe=moe, reduce_s=0.0 if sp else tp_c,
+                gather_s=tp_c - scatter if sp else 0.0, scatter_s=scatter)
         if plan.tp_comm_overlap:
             # Chunks under the adjacent GEMM (a quarter of the layer's GEMMs per collective,
             # routed experts included: ``compose_parts``); the SMs it holds:
@@ -372,6 +375,14 @@ def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     else:
         reduce = coll.group_collective(topo, ranks, "all_reduce", act)
         tp_f, tp_b = reduce + ce, reduce
+    if training.tp_dgrad_overlap and not plan.tp_comm_overlap:
+        # The output layer is a column-parallel linear too: its input-gradient all-reduce
+        # (SP: reduce-scatter, and the re-gather of its input) runs under its gradient GEMMs
+        # (``tp_overlap.dgrad_overlap_delta``), each as long as the head's forward GEMM.
+        gemm = gemm_time(device, tokens, model.vocab_size / t, model.hidden_size)
+        sms = device.nccl_slowdown
+        tp_b = (coll.overlapped(gather, gemm, sms) + coll.overlapped(scatter, gemm, sms)
+                if plan.sequence_parallel else coll.overlapped(reduce, gemm, sms))
     return HeadTimes(head_f + tp_f, head_b + tp_b, tp_f + tp_b)
 
 

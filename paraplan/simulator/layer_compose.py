@@ -59,7 +59,9 @@ class LayerParts:
     (and in a re-run forward under recompute)."""
     tp_bwd_s: float
     """The same in a backward pass (more than ``tp_s`` where PyTorch's async TP leaves the
-    input-gradient reduce-scatter exposed: ``layer.SharedParts.tp_bwd_exposed_s``)."""
+    input-gradient reduce-scatter exposed: ``layer.SharedParts.tp_bwd_exposed_s``; less, or
+    under SP with short GEMMs more, where Megatron runs them under the gradient GEMMs:
+    ``layer.SharedParts.tp_bwd_delta_s``)."""
     cp_s: float
     """Exposed ring-attention KV passing of one forward."""
     ep_s: float

@@ -65,9 +65,9 @@ def column_linear_times(model: ModelSpec, training: TrainingSpec, plan: Parallel
                         device: Device, *, moe: bool) -> tuple[float | None, float | None]:
     """Forward GEMM seconds (one layer and micro-batch; the weight- and data-gradient GEMMs do
     the same FLOPs) of the column-parallel linears that read the layer's hidden state:
-    attention's fused QKV and the dense MLP's FC1 (gated: gate and up). None where a side has
-    no such linear: MLA's projections read its latents, and an MoE block's TP traffic is its
-    dispatcher's, not a linear's."""
+    attention's fused QKV (MLA without a query LoRA rank: its q projection) and the dense MLP's
+    FC1 (gated: gate and up). None where a side has no such linear: MLA with a query LoRA rank
+    projects up from its latents, and an MoE block's TP traffic is its dispatcher's."""
     t, h = plan.tp, model.hidden_size
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     qkv = [p.per_rank(t) for p in model.attention.projections
@@ -83,9 +83,14 @@ def dgrad_overlap_delta(model: ModelSpec, training: TrainingSpec, plan: Parallel
                         device: Device, *, moe: bool, reduce_s: float, gather_s: float,
                         scatter_s: float) -> float:
     """Change in one backward TP collective's exposed seconds (a layer's backward has two)
-    when the trainer overlaps them as Megatron does (``TrainingSpec.tp_dgrad_overlap``;
-    ``plan.tp_comm_overlap`` off). ``reduce_s``, ``gather_s``, ``scatter_s``: one all-reduce,
-    all-gather, reduce-scatter of the layer's b s h activations on its TP group.
+    when the trainer runs them as Megatron does (``TrainingSpec.tp_dgrad_overlap``;
+    ``plan.tp_comm_overlap`` off), against the plain price (one all-reduce per collective;
+    SP: an all-gather and a reduce-scatter). ``reduce_s``: one all-reduce of the layer's b s h
+    activations on its TP group (read without sequence parallelism); ``gather_s``,
+    ``scatter_s``: one all-gather and one reduce-scatter of them (read with it). Negative where
+    the GEMMs hide the traffic; under sequence parallelism it prices the input re-gather
+    Megatron always runs (it saves the sharded input), so it can be positive where the GEMMs
+    are too short to hide that.
 
     Megatron-LM (megatron/mpu/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``,
     2022-03; async all-reduce since cf7efd4f5a, 2021-08) and Transformer Engine

@@ -114,7 +114,9 @@ class GemmTable(StrictModel):
         the measured throughput follows the output's area, not its aspect ratio (OpenXLA's
         sm_90 table, bf16, k = 2048 and 4096: 512x4096, 1024x2048, 2048x1024 and 4096x512 all
         within 1.0%; 1024x4096, 2048x2048, 4096x1024 within 0.1%), so a 2048 x 9216 output
-        runs as a 4096 x 4608 one does, not as the 2048 x 4096 a clamp would read."""
+        is read at 4608 x 4096, not at the 2048 x 4096 a clamp would read. The grid's rows
+        beyond 4,096 are batched entries (b = 2, 4 folded into m): a folded output lands on
+        them, a few percent below or above a plain GEMM of that area."""
         m_max, n_max = self.m[-1], self.n[-1]
         if n > n_max and m < m_max:
             return min(m_max, m * n / n_max), n_max
