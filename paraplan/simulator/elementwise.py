@@ -122,7 +122,16 @@ def shared_elementwise_bytes_per_token(model: ModelSpec, training: TrainingSpec,
         per_token += norm_bytes("rmsnorm", eager=eager) * (att.q_width + att.k_width) / t
     per_token += activation_bytes(model, training) * ffn
     if training.dropout:
-        per_token += 2 * 5.0 * h / sp  # read, write, 1-byte mask, twice per layer
+        # Twice per layer. Fused stacks run bias + dropout + residual add as one kernel:
+        # Megatron-LM's ``bias_dropout_add_fused_train`` (megatron/model/transformer.py, a
+        # torch.jit.script function, ``--bias-dropout-fusion`` on by default), whose dropout
+        # TorchScript's autodiff lowers on CUDA to ``rand_like(x) < 1 - p`` times x "because
+        # cuda fuser can efficiently fuse those operations" (torch/csrc/jit/runtime/
+        # symbolic_script.cpp ``dropout``), so the legacy fuser of the 2021 code and nvfuser
+        # after it fuse the lot: it reads x and the residual and writes the sum and a 1-byte
+        # mask, 7 bytes where the residual add above counted 6: one more. Eager: a dropout
+        # kernel of its own (read, write, mask: 5) before the add.
+        per_token += 2 * (1.0 if training.kernels == "fused" else 5.0) * h / sp
     # The byte counts above are for 16-bit tensors; fp32 training moves twice as many.
     return per_token * training.compute_bytes / 2
 
