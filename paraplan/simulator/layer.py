@@ -36,7 +36,12 @@ from paraplan.simulator.layer_terms import (
     shared_terms,
 )
 from paraplan.simulator.loss import lm_head_times
-from paraplan.simulator.tp_overlap import dgrad_overlap_delta, tp_overlap_split_time
+from paraplan.simulator.tp_overlap import (
+    column_backward_exposed,
+    dgrad_overlap_applies,
+    dgrad_overlap_delta,
+    tp_overlap_split_time,
+)
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.topology import Topology
@@ -160,17 +165,16 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     tp_c = cover = sms = bwd_exposed = bwd_delta = 0.0
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))
-        scatter = 0.0
+        reduce = gather = scatter = 0.0
         if plan.sequence_parallel:
             scatter = coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes)
-            tp_c = coll.group_collective(topo, tp_group, "all_gather", act_bytes) + scatter
+            gather = coll.group_collective(topo, tp_group, "all_gather", act_bytes)
+            tp_c = gather + scatter
         else:
-            tp_c = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
-        if training.tp_dgrad_overlap and not plan.tp_comm_overlap:
-            sp = plan.sequence_parallel
-            bwd_delta = dgrad_overlap_delta(
-                model, training, plan, device, moe=moe, reduce_s=0.0 if sp else tp_c,
-                gather_s=tp_c - scatter if sp else 0.0, scatter_s=scatter)
+            tp_c = reduce = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
+        if dgrad_overlap_applies(training, plan):
+            bwd_delta = dgrad_overlap_delta(model, training, plan, device, moe=moe,
+                                            reduce_s=reduce, gather_s=gather, scatter_s=scatter)
         if plan.tp_comm_overlap:
             # Chunks under the adjacent GEMM (a quarter of the layer's GEMMs per collective,
             # routed experts included: ``compose_parts``); the SMs it holds:
@@ -368,6 +372,7 @@ def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     act = tokens * model.hidden_size * training.compute_bytes
     ce = CE_VALUES_PER_TOKEN * coll.group_collective(topo, ranks, "all_reduce",
                                                      tokens * FP32_BYTES)
+    reduce = gather = scatter = 0.0
     if plan.sequence_parallel:
         gather = coll.group_collective(topo, ranks, "all_gather", act)
         scatter = coll.group_collective(topo, ranks, "reduce_scatter", act)
@@ -375,14 +380,13 @@ def lm_head_cost(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     else:
         reduce = coll.group_collective(topo, ranks, "all_reduce", act)
         tp_f, tp_b = reduce + ce, reduce
-    if training.tp_dgrad_overlap and not plan.tp_comm_overlap:
-        # The output layer is a column-parallel linear too: its input-gradient all-reduce
-        # (SP: reduce-scatter, and the re-gather of its input) runs under its gradient GEMMs
-        # (``tp_overlap.dgrad_overlap_delta``), each as long as the head's forward GEMM.
-        gemm = gemm_time(device, tokens, model.vocab_size / t, model.hidden_size)
-        sms = device.nccl_slowdown
-        tp_b = (coll.overlapped(gather, gemm, sms) + coll.overlapped(scatter, gemm, sms)
-                if plan.sequence_parallel else coll.overlapped(reduce, gemm, sms))
+    if dgrad_overlap_applies(training, plan):
+        # The output layer is a column-parallel linear too: its backward collectives run
+        # under its gradient GEMMs, each as long as the head's forward GEMM.
+        tp_b = column_backward_exposed(
+            gemm_time(device, tokens, model.vocab_size / t, model.hidden_size),
+            sequence_parallel=plan.sequence_parallel, reduce_s=reduce, gather_s=gather,
+            scatter_s=scatter, sms=device.nccl_slowdown)
     return HeadTimes(head_f + tp_f, head_b + tp_b, tp_f + tp_b)
 
 

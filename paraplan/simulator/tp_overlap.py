@@ -79,6 +79,25 @@ def column_linear_times(model: ModelSpec, training: TrainingSpec, plan: Parallel
     return attn, gemm_time(device, tokens, gate * model.ffn_hidden_size / t, h)
 
 
+def dgrad_overlap_applies(training: TrainingSpec, plan: ParallelPlan) -> bool:
+    """The trainer runs the column-parallel linears' backward collectives under their
+    gradient GEMMs (``TrainingSpec.tp_dgrad_overlap``) and no TP overlap of its own prices
+    them instead (``plan.tp_comm_overlap``: userbuffers or async TP)."""
+    return training.tp_dgrad_overlap and not plan.tp_comm_overlap
+
+
+def column_backward_exposed(cover_s: float, *, sequence_parallel: bool, reduce_s: float,
+                            gather_s: float, scatter_s: float, sms: float) -> float:
+    """Exposed seconds of one column-parallel linear's backward collectives run under its
+    gradient GEMMs, each ``cover_s`` long (``dgrad_overlap_delta``): with sequence
+    parallelism the input re-gather under the data gradient and the reduce-scatter under the
+    weight gradient, else the all-reduce under the weight gradient; the covered part costs
+    ``sms`` (``Device.nccl_slowdown``)."""
+    if sequence_parallel:
+        return overlapped(gather_s, cover_s, sms) + overlapped(scatter_s, cover_s, sms)
+    return overlapped(reduce_s, cover_s, sms)
+
+
 def dgrad_overlap_delta(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
                         device: Device, *, moe: bool, reduce_s: float, gather_s: float,
                         scatter_s: float) -> float:
@@ -104,15 +123,14 @@ def dgrad_overlap_delta(model: ModelSpec, training: TrainingSpec, plan: Parallel
     gradient computation" (the recomputed forward's all-reduces stay exposed). What the GEMM
     covers costs NCCL's SMs (``Device.nccl_slowdown``); the row-parallel linears' output
     gradients (sequence parallel: all-gathers) stay exposed."""
-    sms = device.nccl_slowdown
-    base = gather_s + scatter_s if plan.sequence_parallel else reduce_s
+    sp = plan.sequence_parallel
+    base = gather_s + scatter_s if sp else reduce_s
     total = 0.0
     for cover in column_linear_times(model, training, plan, device, moe=moe):
         if cover is None:
             total += base
-        elif plan.sequence_parallel:
-            total += gather_s + overlapped(gather_s, cover, sms) + overlapped(scatter_s, cover,
-                                                                               sms)
-        else:
-            total += overlapped(reduce_s, cover, sms)
+        else:  # SP: the row-parallel output gradient's all-gather stays exposed beside it
+            total += (gather_s if sp else 0.0) + column_backward_exposed(
+                cover, sequence_parallel=sp, reduce_s=reduce_s, gather_s=gather_s,
+                scatter_s=scatter_s, sms=device.nccl_slowdown)
     return total / 2.0 - base
