@@ -1,5 +1,6 @@
-"""Megatron's backward TP collectives under the gradient GEMMs (``TrainingSpec.tp_dgrad_overlap``),
-against hand-worked numbers and Korthikanti et al. 2022, Table 4."""
+"""Megatron's backward TP collectives under the gradient GEMMs (``TrainingSpec.tp_dgrad_overlap``)
+and its fused bias-dropout-add, against hand-worked numbers and Korthikanti et al. 2022,
+Table 4."""
 
 from __future__ import annotations
 
