@@ -260,6 +260,9 @@ class LayerTimes:
     expert_fwd_s: float = 0.0
     """Routed experts' GEMM part of gemm_fwd_s (MoE layers; 0 for dense ones): what runs
     between the dispatch and the combine all-to-all."""
+    rerun_skip_s: float = 0.0
+    """Part of forward_s a whole-layer recompute does not run again: the dense MLP's down
+    projection where the checkpoint stops early (``TrainingSpec.recompute_early_stop``)."""
 
 
 def dispatch_sort_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

@@ -49,6 +49,8 @@ class SharedTerms:
     """Memory-bound forward ops, without the per-kernel launch floor."""
     accumulation_s: Any
     """Adding one micro-batch's weight gradients into the buffer (TP-split parameters)."""
+    rerun_skip_s: Any = 0.0
+    """Forward seconds a whole-layer recompute leaves out (``rerun_skip_time``)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,32 @@ def shared_terms(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, d
         attention_fwd_s=attn_fwd, attention_bwd_s=attn_bwd,
         elementwise_fwd_s=tokens * shared_elementwise_bytes_per_token(
             model, training, plan, moe=moe) / device.memory_Bps,
-        accumulation_s=accumulation_time(shared, training, plan, device))
+        accumulation_s=accumulation_time(shared, training, plan, device),
+        rerun_skip_s=rerun_skip_time(model, training, plan, device, moe=moe))
+
+
+def rerun_skip_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                    device: Device, *, moe: bool) -> float:
+    """Forward seconds of one layer (one micro-batch, one rank) that a whole-layer recompute
+    does not run again when the checkpoint stops early (``training.recompute_early_stop``):
+    the dense MLP's down projection (FC2; SwiGLU's w2).
+
+    PyTorch's non-reentrant checkpoint (``use_reentrant=False``; default since torch 2.1,
+    pytorch/pytorch PR #96866 "Make early stop the default for checkpoint", 2023-03) counts
+    the tensors the forward saved and stops the re-run as soon as the last of them is packed
+    again (``torch/utils/checkpoint.py`` ``_recomputation_hook``: ``if
+    target_frame.early_stop and target_frame.recomp_counter[gid] ==
+    len(target_frame.weak_holders): raise _StopRecomputationError``). Autograd packs an op's
+    saved inputs before the op runs (the generated ``VariableType`` kernels build the node's
+    ``SavedVariable`` s, then redispatch), and the last op of a pre-norm block that saves
+    anything is the MLP's down projection (its input and weight): the residual add after it
+    saves nothing, so the re-run stops before that GEMM. Nothing is skipped where dropout
+    follows it (the mask is saved after the GEMM runs) or in an MoE block (the combine saves
+    the expert outputs and the routing weights)."""
+    if not training.recompute_early_stop or training.dropout or moe:
+        return 0.0
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    return gemm_time(device, tokens, model.hidden_size, model.ffn_hidden_size / plan.tp)
 
 
 def routed_terms(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -106,7 +133,7 @@ def compose_times(shared: SharedTerms, routed: RoutedTerms) -> LayerTimes:
     backward = (2.0 * gemms + shared.attention_bwd_s + 2.0 * elem + 2.0 * overhead
                 + shared.accumulation_s + routed.accumulation_s)
     return LayerTimes(forward, backward, gemms, shared.attention_fwd_s, elem + overhead,
-                      routed.gemm_fwd_s)
+                      routed.gemm_fwd_s, shared.rerun_skip_s)
 
 
 def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,

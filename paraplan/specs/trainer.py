@@ -109,6 +109,9 @@ class TrainerRuns(StrictModel):
     """The overlap works on sequence parallelism's all-gather / reduce-scatter only."""
     tp_overlap: Literal["userbuffers", "async_tp"] = "userbuffers"
     """How its TP overlap runs (``TrainingSpec.tp_overlap``)."""
+    recompute_early_stop: bool = False
+    """Whole-layer recompute stops before the MLP's down projection
+    (``TrainingSpec.recompute_early_stop``)."""
     tp_dgrad_overlap: bool = False
     """Its column-parallel linears overlap the backward's input-gradient TP collective with
     the weight-gradient GEMM (``TrainingSpec.tp_dgrad_overlap``)."""
@@ -364,6 +367,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "tp_overlap": runs.tp_overlap,
              "tp_dgrad_overlap": runs.tp_dgrad_overlap,
+             "recompute_early_stop": runs.recompute_early_stop,
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,

@@ -67,6 +67,7 @@ from paraplan.validate.source_facts import (
     PLAN_DOUBT,
     SC21_TABLE_1,
     TIED_EMBEDDING_SOURCES,
+    TORCHTITAN_AC_EARLY_STOP_OFF_FROM,
     TORCHTITAN_FUSED_ADAMW_FROM,
     TORCHTITAN_GQA_WITHOUT_REPEAT_FROM,
     TORCHTITAN_LOSS_COMPILED_FROM,
@@ -420,6 +421,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["optimizer_impl"] = "foreach"
         if torchtitan_before(TORCHTITAN_GQA_WITHOUT_REPEAT_FROM):
             explicit["kv_repeat"] = True
+        if torchtitan_before(TORCHTITAN_AC_EARLY_STOP_OFF_FROM):
+            explicit["recompute_early_stop"] = True
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))
         if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:
@@ -430,8 +433,10 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
         if source == "mosaicml_llmfoundry_mpt" and mpt_pure_mixed_precision(
                 cell(row, "source_location"), cell(row, "model_name")):
             explicit["grad_reduce_fp32"] = False
+            explicit["recompute_early_stop"] = False
             s.notes.append("FSDP mixed precision PURE: gradients reduced in bf16 (its README "
-                           "row's MP Mode)")
+                           "row's MP Mode); the May 2023 sweep's torch 1.13 re-runs whole "
+                           "blocks")
         if conv is not None and conv.grad_reduce_fp32 is not None:
             explicit["grad_reduce_fp32"] = conv.grad_reduce_fp32
         if conv is not None and conv.tp_dgrad_overlap is not None:

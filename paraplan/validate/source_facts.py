@@ -90,7 +90,11 @@ def mpt_flash_attention_version(source_location: str, model_name: str) -> int | 
 # reduction from composer v0.16.4 on (d745fcb1b, 2023-10-10); the DEFAULT rows are the H100
 # tables (llm-foundry b2a43a147 and 5e85bd62d pin composer >= 0.16.4 and >= 0.17.2) and the A100
 # 80GB table's October 2023 re-run (b2a43a147). PURE rows: every row of the A100 40GB table and
-# the two MPT-70b rows of the A100 80GB table, kept from its May 2023 run (1ef7b4d21).
+# the two MPT-70b rows of the A100 80GB table, kept from its May 2023 run (1ef7b4d21). The same
+# split dates the software: the May 2023 runs used submit_benchmarks.py's default image
+# (mosaicml/pytorch:1.13.1_cu117), whose non-reentrant checkpoint re-runs whole blocks; the
+# DEFAULT rows' sweeps ran mosaicml/pytorch:2.1.0_cu121 (sweep.sh IMAGE at b2a43a147 and
+# 5e85bd62d), whose checkpoint stops early (TrainingSpec.recompute_early_stop).
 MPT_A100_40GB_SECTION = "A100 40GB with 1600 Gbps node-node interconnect (RoCE)"
 MPT_A100_80GB_SECTION = "A100 80GB with 1600 Gbps node-node interconnect (RoCE)"
 
@@ -192,6 +196,11 @@ TORCHTITAN_PP_GRAD_SYNC_AFTER_SCHEDULE_FROM = (2025, 10)
 # ``optimizer.fused`` defaulted to False and ``build_optimizers`` passed ``foreach=not fused``
 # (torchtitan 9dec370, 2024-12-26, the commit of the 2024-12 H100 benchmarks).
 TORCHTITAN_FUSED_ADAMW_FROM = (2025, 2)
+# pytorch/torchtitan 25413d224 (2025-08-29, #1580 "Add config to AC to toggle early-stop")
+# passes ``early_stop=False`` (activation_checkpoint.early_stop, default False) to every
+# checkpoint wrapper; before it ``ptd_checkpoint_wrapper(module, preserve_rng_state=False)``
+# took torch's default, which stops the re-run early (TrainingSpec.recompute_early_stop).
+TORCHTITAN_AC_EARLY_STOP_OFF_FROM = (2025, 9)
 # pytorch/torchtitan ff0829c10 (2026-01-27, #2259 "GQA without kv repeats") passes grouped K/V
 # to the attention call as they are; before it models/llama/model.py repeated them to the
 # query heads first (``repeat_kv``: unsqueeze, expand, reshape; 9dec370, 2024-12-26, lines

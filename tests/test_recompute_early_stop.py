@@ -1,0 +1,94 @@
+"""An early-stopping checkpoint (PyTorch's non-reentrant checkpoint from torch 2.1) does not
+re-run the MLP's down projection: by hand, in simulate and the search evaluator alike, per
+trainer and per published table (MosaicML's torch 1.13 and torch 2.1 sweeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraplan import TrainingSpec, load_cluster, load_model, parse_plan, simulate
+from paraplan.search.space import SpaceOptions, build_space, evaluate_space, parse_fix
+from paraplan.simulator.compute import Device, gemm_time
+from paraplan.simulator.layer_terms import layer_times, rerun_skip_time
+from paraplan.specs import load_trainer
+from paraplan.validate.predict import predict_step_time
+from paraplan.validate.published import load_published_throughput
+
+MODEL = load_model("llama3-8b")
+TRAIN = TrainingSpec(global_batch_size=16, seq_len=4096, recompute_early_stop=True)
+
+
+def test_skip_is_the_down_projection_by_hand() -> None:
+    dev = Device.of(load_cluster("dgx-h100").node_groups[0].gpu, "bf16")
+    plan = parse_plan("tp=2,mbs=2")
+    skip = rerun_skip_time(MODEL, TRAIN, plan, dev, moe=False)
+    # w2: 2 x 4096 tokens, 14336 / 2 inputs per rank, 4096 outputs.
+    assert skip == pytest.approx(gemm_time(dev, 8192, 4096, 14336 / 2)) and skip > 0
+    lt = layer_times(MODEL, TRAIN, plan, dev, moe=False)
+    assert lt.rerun_skip_s == skip and 0 < skip < lt.gemm_fwd_s / 2
+    # Nothing is skipped by a reentrant checkpoint, where dropout's mask is saved after the
+    # GEMM, or in an MoE block (the combine saves the expert outputs).
+    assert rerun_skip_time(MODEL, TRAIN.model_copy(update={"recompute_early_stop": False}),
+                           plan, dev, moe=False) == 0.0
+    assert rerun_skip_time(MODEL, TRAIN.model_copy(update={"dropout": True}), plan, dev,
+                           moe=False) == 0.0
+    assert rerun_skip_time(MODEL, TRAIN, plan, dev, moe=True) == 0.0
+
+
+def test_simulate_re_runs_all_but_the_down_projection() -> None:
+    cluster = load_cluster("dgx-h100")
+    dev = Device.of(cluster.node_groups[0].gpu, "bf16")
+    plan = parse_plan("dp=8,zero=1,mbs=1,rc=full")
+    off = TRAIN.model_copy(update={"recompute_early_stop": False})
+    on_rep, off_rep = simulate(MODEL, cluster, TRAIN, plan), simulate(MODEL, cluster, off, plan)
+    m = on_rep.extra["num_microbatches"]
+    skip = gemm_time(dev, 4096, 4096, 14336)
+    # at the GPU's sustained pace (the report's slowest_part_pace), every layer, micro-batch
+    want = m * MODEL.num_layers * skip / on_rep.extra["slowest_part_pace"]["h100-sxm"]
+    assert off_rep.time_s["compute"] - on_rep.time_s["compute"] == pytest.approx(want, rel=1e-9)
+    # Without recomputation there is nothing to skip.
+    none = plan.model_copy(update={"recompute": "none"})
+    assert simulate(MODEL, cluster, TRAIN, none).step_time_s == \
+        simulate(MODEL, cluster, off, none).step_time_s
+
+
+def test_evaluator_prices_it_as_simulate() -> None:
+    cluster = load_cluster("dgx-h100")
+    space = build_space(MODEL, cluster, TRAIN, fix=parse_fix({"pp": 1, "rc": "full"}),
+                        options=SpaceOptions(max_micro_batch=2))
+    ev = evaluate_space(space, times_for_oom=True)
+    assert len(space) >= 4
+    for i in range(len(space)):
+        rep = simulate(MODEL, cluster, TRAIN, space.plan(i), time_if_oom=True)
+        assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-9)
+
+
+def test_trainer_facts() -> None:
+    # llm-foundry v0.3.0 on torch 2.1 (the MPT tables' 2023-10 sweep): non-reentrant.
+    assert load_trainer("llm-foundry").runs.recompute_early_stop
+    # Megatron's and DeepSpeed's own reentrant checkpointing re-run the whole layer;
+    # torchtitan passes early_stop=False since 2025-08-29 (#1580; v0.2.2 is the profile).
+    for name in ("megatron-core", "megatron-lm-2021", "deepspeed", "torchtitan"):
+        assert not load_trainer(name).runs.recompute_early_stop, name
+
+
+def test_mpt_tables_by_software() -> None:
+    """MosaicML's A100 40GB table ran torch 1.13 (whole blocks re-run); the A100 80GB table's
+    October 2023 re-run ran torch 2.1 (early stop). Its recomputing MPT-7b rows then land
+    within 4% of the published throughput (they were 5-11% too slow with the whole forward
+    re-run), while its non-recomputing 2,048-token row was already within 1%."""
+    cases = {c.index: c for c in load_published_throughput()
+             if c.source_id == "mosaicml_llmfoundry_mpt" and c.model_name == "MPT-7b"}
+    a80 = [c for c in cases.values() if c.cluster.node_groups[0].gpu.name == "a100-sxm-80gb"]
+    a40 = [c for c in cases.values() if c.cluster.node_groups[0].gpu.name == "a100-sxm-40gb"]
+    assert a80 and a40
+    assert all(c.training.recompute_early_stop for c in a80)
+    assert not any(c.training.recompute_early_stop for c in a40)
+    rc = [c for c in a80 if c.plan.recompute == "full"]
+    assert len(rc) == 6
+    for c in rc:
+        pred, _, ok = predict_step_time(c)
+        assert ok and abs(pred / c.measured_step_time_s - 1) < 0.04, c.index
+        whole = c.training.model_copy(update={"recompute_early_stop": False})
+        rep = simulate(c.model, c.cluster, whole, c.plan, time_if_oom=True)
+        assert rep.step_time_s / c.measured_step_time_s - 1 > 0.04, c.index
