@@ -263,6 +263,9 @@ class LayerTimes:
     rerun_skip_s: float = 0.0
     """Part of forward_s a whole-layer recompute does not run again: the dense MLP's down
     projection where the checkpoint stops early (``TrainingSpec.recompute_early_stop``)."""
+    op_rerun_gemm_s: float | None = None
+    """GEMM seconds op-level selective checkpointing runs again (every second matmul:
+    ``selective_ac.op_sac_matmuls``, else half of them); None: half of gemm_fwd_s."""
 
 
 def dispatch_sort_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paraplan.simulator.selective_ac import op_sac_matmuls
 from paraplan.specs.attention import attended_keys
 from paraplan.specs.model import ModelSpec
+from paraplan.specs.plan import ParallelPlan
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,16 @@ def hardware_flops_per_step(
         return base + layers_fwd
     if recompute == "layer":  # every other layer re-run whole
         return base + 0.5 * layers_fwd
-    if recompute == "op":  # half of every layer's matmuls run again
-        gemm = model.num_dense_layers * layer_forward_flops(model, global_batch, seq_len,
-                                                            moe=False).gemm
+    if recompute == "op":  # every second matmul runs again (``selective_ac``)
+        calls = op_sac_matmuls(model, ParallelPlan(), moe=False)
+        dense = 0.5 * layer_forward_flops(model, global_batch, seq_len, moe=False).gemm \
+            if calls is None else 2.0 * global_batch * seq_len * sum(
+                n * k for n, k, saved, _ in calls if not saved)
+        gemm = model.num_dense_layers * dense
         if model.is_moe:
-            gemm += model.num_moe_layers * layer_forward_flops(model, global_batch, seq_len,
-                                                               moe=True).gemm
-        return base + 0.5 * gemm
+            gemm += 0.5 * model.num_moe_layers * layer_forward_flops(
+                model, global_batch, seq_len, moe=True).gemm
+        return base + gemm
     # Selective: re-run the attention products of every layer.
     return base + model.num_layers * attention_score_flops(model, global_batch, seq_len)
 

@@ -77,7 +77,7 @@ class LayerParts:
     device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
 
 
-PARTS = 14
+PARTS = 15
 """How many ``part_columns`` a layer's parts make."""
 
 
@@ -85,12 +85,14 @@ def part_columns(parts: LayerParts) -> tuple[Any, ...]:
     """``compose_columns``' arguments but the recompute kind, from a layer's parts (numbers,
     or numpy arrays of one value per plan key in the evaluator): ``LayerTimes`` fields, the
     exposed TP/CP/EP traffic, the overlap's share (0 where the all-to-alls are exposed), the
-    host stall and the forward part a whole-layer recompute skips."""
+    host stall, the forward part a whole-layer recompute skips and the GEMMs op-level
+    checkpointing re-runs."""
     lt = parts.times
     slowdown = 0.0 if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
     return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
             lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.tp_bwd_s, parts.cp_s,
-            parts.ep_s, parts.cp_bwd_s, slowdown, parts.host_stall_s, lt.rerun_skip_s)
+            parts.ep_s, parts.cp_bwd_s, slowdown, parts.host_stall_s, lt.rerun_skip_s,
+            0.5 * lt.gemm_fwd_s if lt.op_rerun_gemm_s is None else lt.op_rerun_gemm_s)
 
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
@@ -102,22 +104,23 @@ def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
 def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: Any,
                     expert_s: Any, tp_s: Any, tp_bwd_s: Any, cp_s: Any, ep_s: Any,
                     cp_bwd_s: Any,
-                    slowdown: Any, stall_s: Any, skip_s: Any, recompute: Any
-                    ) -> tuple[Any, ...]:
+                    slowdown: Any, stall_s: Any, skip_s: Any, op_gemm_s: Any,
+                    recompute: Any) -> tuple[Any, ...]:
     """``compose_layer_cost`` on numbers or numpy arrays alike (the vectorized search composes
     every plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` 0 where the
     all-to-alls are not overlapped (an overlapped one always takes SMs), ``stall_s`` the
     forward's host stall (``LayerParts.host_stall_s``), ``skip_s`` the forward part a
-    whole-layer re-run leaves out (``LayerTimes.rerun_skip_s``), ``recompute`` names.
+    whole-layer re-run leaves out (``LayerTimes.rerun_skip_s``), ``op_gemm_s`` the GEMMs
+    op-level checkpointing re-runs (``LayerTimes.op_rerun_gemm_s``), ``recompute`` names.
     Returns the ``LayerCost`` fields in order (fwd, bwd, wgrad, compute, tp, cp, ep,
     ep_lone_fwd, ep_lone_bwd). Masks are 0/1 factors, so one body serves both."""
     # Share of layers re-run whole: all under full, every other one under torchtitan's
     # layer-level checkpointing (``layer``: selective_ac_option "2").
     full = 1 * (recompute == "full") + 0.5 * (recompute == "layer")
     # What the backward re-runs (a whole layer less what an early-stopping checkpoint leaves
-    # out); op-level SAC re-runs every other matmul and every memory-bound op.
+    # out); op-level SAC re-runs every second matmul and every memory-bound op.
     extra = full * (fwd_s - skip_s) + (recompute == "selective") * attn_s \
-        + (recompute == "op") * (0.5 * gemm_s + elem_s)
+        + (recompute == "op") * (op_gemm_s + elem_s)
     # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
     # Op-level SAC saves reduce-scatter outputs but not all-gathers or all-reduces
     # (torchtitan parallelize_llama.py ``_save_list`` at ba24697, 2024-12; the same in

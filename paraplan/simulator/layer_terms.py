@@ -31,6 +31,7 @@ from paraplan.simulator.elementwise import (
     shared_elementwise_bytes_per_token,
 )
 from paraplan.simulator.grads import accumulation_time, layer_grad_params
+from paraplan.simulator.selective_ac import op_sac_matmuls
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -51,6 +52,10 @@ class SharedTerms:
     """Adding one micro-batch's weight gradients into the buffer (TP-split parameters)."""
     rerun_skip_s: Any = 0.0
     """Forward seconds a whole-layer recompute leaves out (``rerun_skip_time``)."""
+    op_rerun_gemm_s: Any = 0.0
+    """GEMM seconds op-level selective checkpointing re-runs here (``op_rerun_gemm_time``;
+    where the order of matmuls is not known, half of ``gemm_fwd_s``; routed experts add
+    half of theirs in ``compose_times``)."""
 
 
 @dataclass(frozen=True)
@@ -77,13 +82,29 @@ def shared_terms(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, d
         attention = attention_times(model, training, plan, device)
     proj, attn_fwd, attn_bwd = attention
     shared, _ = layer_grad_params(model, plan, moe=moe)
+    gemm = proj + shared_mlp_gemm_time(model, training, plan, device, moe=moe)
+    op = op_rerun_gemm_time(model, training, plan, device, moe=moe)
     return SharedTerms(
-        gemm_fwd_s=proj + shared_mlp_gemm_time(model, training, plan, device, moe=moe),
+        gemm_fwd_s=gemm,
         attention_fwd_s=attn_fwd, attention_bwd_s=attn_bwd,
         elementwise_fwd_s=tokens * shared_elementwise_bytes_per_token(
             model, training, plan, moe=moe) / device.memory_Bps,
         accumulation_s=accumulation_time(shared, training, plan, device),
-        rerun_skip_s=rerun_skip_time(model, training, plan, device, moe=moe))
+        rerun_skip_s=rerun_skip_time(model, training, plan, device, moe=moe),
+        op_rerun_gemm_s=0.5 * gemm if op is None else op)
+
+
+def op_rerun_gemm_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
+                       device: Device, *, moe: bool) -> float | None:
+    """Forward GEMM seconds of one layer (one micro-batch, one rank) that torchtitan's
+    op-level selective checkpointing runs again in the backward: every second matmul in
+    forward order (``selective_ac.op_sac_matmuls``); None where that order is not known (the
+    caller then takes half the layer's GEMM time)."""
+    calls = op_sac_matmuls(model, plan, moe=moe)
+    if calls is None:
+        return None
+    tokens = plan.micro_batch_size * training.seq_len / plan.cp
+    return sum(gemm_time(device, tokens, n, k) for n, k, saved, _ in calls if not saved)
 
 
 def rerun_skip_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,
@@ -132,8 +153,9 @@ def compose_times(shared: SharedTerms, routed: RoutedTerms) -> LayerTimes:
     forward = gemms + shared.attention_fwd_s + elem + overhead
     backward = (2.0 * gemms + shared.attention_bwd_s + 2.0 * elem + 2.0 * overhead
                 + shared.accumulation_s + routed.accumulation_s)
+    op = shared.op_rerun_gemm_s + 0.5 * routed.gemm_fwd_s
     return LayerTimes(forward, backward, gemms, shared.attention_fwd_s, elem + overhead,
-                      routed.gemm_fwd_s, shared.rerun_skip_s)
+                      routed.gemm_fwd_s, shared.rerun_skip_s, op)
 
 
 def layer_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, device: Device,

@@ -21,6 +21,7 @@ import numpy as np
 
 from paraplan.simulator import moe as routing
 from paraplan.simulator.compute import kv_widths
+from paraplan.simulator.selective_ac import op_sac_matmuls
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -165,7 +166,9 @@ def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: Paral
 
     torchtitan's ``selective_ac_option = "op"`` policy (torchtitan/models/llama3/infra/
     parallelize.py, _save_list): the layer input, the fused attention output, and every other
-    matmul output are saved; norms, activations and rotary are recomputed.
+    matmul output are saved (the odd-numbered ones in forward order where that order is known:
+    ``selective_ac.op_sac_matmuls``; else half of them); norms, activations and rotary are
+    recomputed.
     """
     t = plan.tp
     sp = t if plan.sequence_parallel else 1
@@ -183,6 +186,10 @@ def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: Paral
     else:
         mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
     matmul_outs = qkv_outs + model.hidden_size / sp + mlp_outs
+    calls = op_sac_matmuls(model, plan, moe=moe)
+    if calls is not None:  # the odd-numbered matmuls' outputs (row-parallel ones: h / sp)
+        saved = sum(n / sp if row else n for n, _, keep, row in calls if keep)
+        return model.hidden_size / sp + q_out + saved
     return model.hidden_size / sp + q_out + 0.5 * matmul_outs
 
 
