@@ -13,6 +13,7 @@ from paraplan.simulator.compute import Device, gemm_time
 from paraplan.simulator.layer_terms import layer_times, op_rerun_gemm_time, rerun_skip_time
 from paraplan.simulator.selective_ac import op_sac_matmuls
 from paraplan.specs import load_trainer
+from paraplan.specs.trainer import trainer_training
 from paraplan.validate.predict import predict_step_time
 from paraplan.validate.published import load_published_throughput
 
@@ -72,6 +73,13 @@ def test_trainer_facts() -> None:
     # torchtitan passes early_stop=False since 2025-08-29 (#1580; v0.2.2 is the profile).
     for name in ("megatron-core", "megatron-lm-2021", "deepspeed", "torchtitan"):
         assert not load_trainer(name).runs.recompute_early_stop, name
+    # Its eager fp8 runs use Transformer Engine's linears, custom autograd Functions that
+    # save after their GEMM: the re-run cannot stop before the down projection there.
+    foundry = load_trainer("llm-foundry")
+    assert trainer_training(foundry, TrainingSpec(global_batch_size=8, seq_len=2048)
+                            ).recompute_early_stop
+    assert not trainer_training(foundry, TrainingSpec(global_batch_size=8, seq_len=2048,
+                                                      precision="fp8")).recompute_early_stop
 
 
 def test_mpt_tables_by_software() -> None:

@@ -124,7 +124,9 @@ def rerun_skip_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     anything is the MLP's down projection (its input and weight): the residual add after it
     saves nothing, so the re-run stops before that GEMM. Nothing is skipped where dropout
     follows it (the mask is saved after the GEMM runs) or in an MoE block (the combine saves
-    the expert outputs and the routing weights)."""
+    the expert outputs and the routing weights); nor where the down projection is a custom
+    autograd Function, which saves after its GEMM (eager fp8 linears: the trainer fact is off
+    there, ``specs.trainer.trainer_training``)."""
     if not training.recompute_early_stop or training.dropout or moe:
         return 0.0
     tokens = plan.micro_batch_size * training.seq_len / plan.cp

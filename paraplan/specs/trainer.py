@@ -367,7 +367,11 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "tp_overlap": runs.tp_overlap,
              "tp_dgrad_overlap": runs.tp_dgrad_overlap,
-             "recompute_early_stop": runs.recompute_early_stop,
+             # An eager fp8 linear is a custom autograd Function (Transformer Engine's _Linear,
+             # torchao's float8 matmul) that saves its tensors after its GEMM, so the re-run
+             # reaches the down projection's GEMM before it can stop.
+             "recompute_early_stop": runs.recompute_early_stop and not (
+                 training.precision == "fp8" and not runs.fp8_compiles),
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,
