@@ -55,15 +55,54 @@ def test_simulate_re_runs_all_but_the_down_projection() -> None:
         simulate(MODEL, cluster, off, none).step_time_s
 
 
-def test_evaluator_prices_it_as_simulate() -> None:
+@pytest.mark.parametrize("rc", ["full", "op"])
+def test_evaluator_prices_it_as_simulate(rc: str) -> None:
     cluster = load_cluster("dgx-h100")
-    space = build_space(MODEL, cluster, TRAIN, fix=parse_fix({"pp": 1, "rc": "full"}),
+    space = build_space(MODEL, cluster, TRAIN, fix=parse_fix({"rc": rc}),
                         options=SpaceOptions(max_micro_batch=2))
     ev = evaluate_space(space, times_for_oom=True)
-    assert len(space) >= 4
-    for i in range(len(space)):
+    # Interleaved plans whose layers do not split evenly over the chunks are ranked by an
+    # estimate and simulated when they can reach the top; the rest are priced exactly.
+    rows = [i for i in range(len(space)) if space.plan(i).virtual_stages == 1]
+    assert len(rows) >= 8
+    assert max(space.plan(i).tp for i in rows) > 1 and max(space.plan(i).pp for i in rows) > 1
+    for i in rows:
         rep = simulate(MODEL, cluster, TRAIN, space.plan(i), time_if_oom=True)
         assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_early_stop_skips_the_tp_collective_after_the_mlp(sp: bool) -> None:
+    """The all-reduce (SP: the reduce-scatter) after the down projection is not issued again
+    by a re-run that stops before that GEMM; the other collectives of the re-run are."""
+    from paraplan.simulator.layer import compose_layer_cost, layer_parts
+
+    cluster = load_cluster("dgx-h100")
+    dev = Device.of(cluster.node_groups[0].gpu, "bf16")
+    plan = parse_plan(f"tp=4,sp={int(sp)},mbs=1")
+    on = layer_parts(MODEL, cluster.topology, TRAIN, plan, dev, moe=False)
+    off = layer_parts(MODEL, cluster.topology,
+                      TRAIN.model_copy(update={"recompute_early_stop": False}), plan, dev,
+                      moe=False)
+    assert on.tp_s == off.tp_s > 0 and off.tp_rerun_skip_s == 0.0
+    assert on.tp_rerun_skip_s == pytest.approx(0.5 * on.tp_s if sp else on.tp_s)
+    none = compose_layer_cost(on, "none")
+    assert compose_layer_cost(on, "full").tp == pytest.approx(
+        none.tp + 2 * on.tp_s - on.tp_rerun_skip_s)
+    assert compose_layer_cost(off, "full").tp == pytest.approx(none.tp + 2 * off.tp_s)
+
+
+def test_hardware_flops_leave_out_the_down_projection() -> None:
+    from paraplan.simulator.flops import hardware_flops_per_step
+
+    whole = hardware_flops_per_step(MODEL, 16, 4096, "full")
+    early = hardware_flops_per_step(MODEL, 16, 4096, "full", skip_down_proj=True)
+    assert whole - early == pytest.approx(32 * 2.0 * 16 * 4096 * 4096 * 14336)
+    cluster = load_cluster("dgx-h100")
+    plan = parse_plan("dp=8,zero=1,mbs=1,rc=full")
+    rep = simulate(MODEL, cluster, TRAIN, plan)
+    assert rep.hfu == pytest.approx(early / rep.step_time_s / 8
+                                    / cluster.node_groups[0].gpu.peak_flops("bf16"))
 
 
 def test_trainer_facts() -> None:
@@ -118,6 +157,14 @@ def test_op_level_checkpointing_re_runs_every_second_matmul_by_hand() -> None:
     assert op_rerun_gemm_time(MODEL, TRAIN, plan, dev, moe=False) == pytest.approx(want)
     lt = layer_times(MODEL, TRAIN, plan, dev, moe=False)
     assert lt.op_rerun_gemm_s == pytest.approx(want) and want < 0.45 * lt.gemm_fwd_s
+    # Under sequence parallelism the row-parallel matmuls write full-width partial sums
+    # and the two reduce-scatter outputs are kept too: 4096 (input) / 4 + 4096 (attention
+    # output) / 4 + q 1024 + v 256 + w1 3584 + w2 4096 + 2 x 4096 / 4 = 13,056 elements.
+    from paraplan.simulator.memory import op_checkpoint_elements
+    sp_plan = parse_plan("tp=4,sp=1,mbs=1,rc=op")
+    assert op_checkpoint_elements(MODEL, TRAIN, sp_plan, moe=False) == pytest.approx(13056)
+    # Biased linears run addmm, which the policy does not count: the half rule.
+    assert op_sac_matmuls(load_model("gpt3-xl"), plan, moe=False) is None
     # MoE blocks and MLA: the order is not known, half of the GEMMs (shared and routed).
     assert op_sac_matmuls(MODEL, plan, moe=True) is None
     assert op_sac_matmuls(load_model("deepseek-v3"), plan, moe=False) is None

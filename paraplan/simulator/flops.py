@@ -108,18 +108,24 @@ def model_flops_per_step(model: ModelSpec, global_batch: int, seq_len: int) -> f
 
 
 def hardware_flops_per_step(
-    model: ModelSpec, global_batch: int, seq_len: int, recompute: str
+    model: ModelSpec, global_batch: int, seq_len: int, recompute: str, *,
+    skip_down_proj: bool = False
 ) -> float:
     """FLOPs the hardware executes including recomputation (HFU numerator).
 
     With full recompute of every layer (not the LM head) this is Megatron's
     96*B*s*l*h^2*(1 + s/(6h) + v/(16*l*h)) for dense MHA GELU models (Narayanan et al. eq. 3).
+    ``skip_down_proj``: the re-run stops before each dense layer's MLP down projection
+    (``layer_terms.rerun_skip_time``), whose FLOPs a whole-layer re-run then leaves out.
     """
     base = model_flops_per_step(model, global_batch, seq_len)
     if recompute == "none":
         return base
     head = lm_head_flops(model, global_batch * seq_len)
     layers_fwd = model_forward_flops(model, global_batch, seq_len) - head
+    if skip_down_proj:
+        layers_fwd -= (model.num_dense_layers * 2.0 * global_batch * seq_len
+                       * model.hidden_size * model.ffn_hidden_size)
     if recompute == "full":
         return base + layers_fwd
     if recompute == "layer":  # every other layer re-run whole

@@ -79,8 +79,10 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
         lt = with_dispatch_sort(lt, dispatch_sort_time(model, training, plan, device))
     ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
                                    base_rank=base_rank)
+    # The collective after the down projection that an early-stopping re-run does not reach.
+    trail = (0.5 * tp_c if plan.sequence_parallel else tp_c) if lt.rerun_skip_s else 0.0
     return LayerParts(lt, tp_c, tp_b, cp_c, ep_c, cp_b, overlap,
-                      host_stall(device, plan, moe=moe))
+                      host_stall(device, plan, moe=moe), trail)
 
 
 def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:

@@ -75,9 +75,13 @@ class LayerParts:
     host_stall_s: float = 0.0
     """GPU idle in one forward while the host issues the kernels after the MoE layer's
     device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
+    tp_rerun_skip_s: float = 0.0
+    """The TP collective after the MLP's down projection (one all-reduce; under sequence
+    parallelism its reduce-scatter, half of ``tp_s``) that a whole-layer re-run stopping
+    early before that GEMM (``LayerTimes.rerun_skip_s``) does not issue again."""
 
 
-PARTS = 15
+PARTS = 16
 """How many ``part_columns`` a layer's parts make."""
 
 
@@ -85,14 +89,15 @@ def part_columns(parts: LayerParts) -> tuple[Any, ...]:
     """``compose_columns``' arguments but the recompute kind, from a layer's parts (numbers,
     or numpy arrays of one value per plan key in the evaluator): ``LayerTimes`` fields, the
     exposed TP/CP/EP traffic, the overlap's share (0 where the all-to-alls are exposed), the
-    host stall, the forward part a whole-layer recompute skips and the GEMMs op-level
-    checkpointing re-runs."""
+    host stall, the forward part a whole-layer recompute skips, the GEMMs op-level
+    checkpointing re-runs and the TP collective an early-stopping re-run skips."""
     lt = parts.times
     slowdown = 0.0 if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
     return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
             lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.tp_bwd_s, parts.cp_s,
             parts.ep_s, parts.cp_bwd_s, slowdown, parts.host_stall_s, lt.rerun_skip_s,
-            0.5 * lt.gemm_fwd_s if lt.op_rerun_gemm_s is None else lt.op_rerun_gemm_s)
+            0.5 * lt.gemm_fwd_s if lt.op_rerun_gemm_s is None else lt.op_rerun_gemm_s,
+            parts.tp_rerun_skip_s)
 
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
@@ -105,13 +110,15 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
                     expert_s: Any, tp_s: Any, tp_bwd_s: Any, cp_s: Any, ep_s: Any,
                     cp_bwd_s: Any,
                     slowdown: Any, stall_s: Any, skip_s: Any, op_gemm_s: Any,
-                    recompute: Any) -> tuple[Any, ...]:
+                    tp_skip_s: Any, recompute: Any) -> tuple[Any, ...]:
     """``compose_layer_cost`` on numbers or numpy arrays alike (the vectorized search composes
     every plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` 0 where the
     all-to-alls are not overlapped (an overlapped one always takes SMs), ``stall_s`` the
     forward's host stall (``LayerParts.host_stall_s``), ``skip_s`` the forward part a
     whole-layer re-run leaves out (``LayerTimes.rerun_skip_s``), ``op_gemm_s`` the GEMMs
-    op-level checkpointing re-runs (``LayerTimes.op_rerun_gemm_s``), ``recompute`` names.
+    op-level checkpointing re-runs (``LayerTimes.op_rerun_gemm_s``), ``tp_skip_s`` the TP
+    collective an early-stopping re-run leaves out (``LayerParts.tp_rerun_skip_s``),
+    ``recompute`` names.
     Returns the ``LayerCost`` fields in order (fwd, bwd, wgrad, compute, tp, cp, ep,
     ep_lone_fwd, ep_lone_bwd). Masks are 0/1 factors, so one body serves both."""
     # Share of layers re-run whole: all under full, every other one under torchtitan's
@@ -121,17 +128,19 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     # out); op-level SAC re-runs every second matmul and every memory-bound op.
     extra = full * (fwd_s - skip_s) + (recompute == "selective") * attn_s \
         + (recompute == "op") * (op_gemm_s + elem_s)
-    # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run.
+    # Per pass: TP 2 all-reduces forward, 2 backward, 2 more when the forward is re-run (less
+    # the one after the MLP where the re-run stops early before it).
     # Op-level SAC saves reduce-scatter outputs but not all-gathers or all-reduces
     # (torchtitan parallelize_llama.py ``_save_list`` at ba24697, 2024-12; the same in
     # distributed/activation_checkpoint.py today), and both the eager recompute and
     # torch.compile's partitioner (``must_recompute``: PREFER_RECOMPUTE counts as MUST)
     # re-run every unsaved op the backward needs: the all-gathers in front of attention and
     # the MLP (or, without sequence parallelism, the all-reduce in front of the MLP), one
-    # all-reduce's worth of traffic per layer. The all-reduce after the MLP feeds no
-    # recomputed op, and the non-reentrant checkpoint stops early before it.
+    # all-reduce's worth of traffic per layer. After the MLP, sequence parallelism's
+    # reduce-scatter is saved; without it the all-reduce there is re-run only where the
+    # checkpoint does not stop early (not charged: torchtitan always pairs TP with SP).
     tp_f = 2 * tp_s
-    tp_b = 2 * tp_bwd_s + full * 2 * tp_s + (recompute == "op") * tp_s
+    tp_b = 2 * tp_bwd_s + full * (2 * tp_s - tp_skip_s) + (recompute == "op") * tp_s
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
     # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
     over = (slowdown > 0) * (full == 0)

@@ -50,9 +50,9 @@ class SharedTerms:
     """Memory-bound forward ops, without the per-kernel launch floor."""
     accumulation_s: Any
     """Adding one micro-batch's weight gradients into the buffer (TP-split parameters)."""
-    rerun_skip_s: Any = 0.0
+    rerun_skip_s: Any
     """Forward seconds a whole-layer recompute leaves out (``rerun_skip_time``)."""
-    op_rerun_gemm_s: Any = 0.0
+    op_rerun_gemm_s: Any
     """GEMM seconds op-level selective checkpointing re-runs here (``op_rerun_gemm_time``;
     where the order of matmuls is not known, half of ``gemm_fwd_s``; routed experts add
     half of theirs in ``compose_times``)."""
@@ -113,8 +113,9 @@ def rerun_skip_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     does not run again when the checkpoint stops early (``training.recompute_early_stop``):
     the dense MLP's down projection (FC2; SwiGLU's w2).
 
-    PyTorch's non-reentrant checkpoint (``use_reentrant=False``; default since torch 2.1,
-    pytorch/pytorch PR #96866 "Make early stop the default for checkpoint", 2023-03) counts
+    PyTorch's non-reentrant checkpoint (``use_reentrant=False``), whose early stop is on by
+    default since torch 2.1 (pytorch/pytorch PR #96866 "Make early stop the default for
+    checkpoint", 2023-03), counts
     the tensors the forward saved and stops the re-run as soon as the last of them is packed
     again (``torch/utils/checkpoint.py`` ``_recomputation_hook``: ``if
     target_frame.early_stop and target_frame.recomp_counter[gid] ==

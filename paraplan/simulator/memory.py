@@ -187,9 +187,13 @@ def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: Paral
         mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
     matmul_outs = qkv_outs + model.hidden_size / sp + mlp_outs
     calls = op_sac_matmuls(model, plan, moe=moe)
-    if calls is not None:  # the odd-numbered matmuls' outputs (row-parallel ones: h / sp)
-        saved = sum(n / sp if row else n for n, _, keep, row in calls if keep)
-        return model.hidden_size / sp + q_out + saved
+    if calls is not None:
+        # The odd-numbered matmuls' outputs as the matmul writes them (a row-parallel one's
+        # is the full-width partial sum), and under sequence parallelism the two
+        # reduce-scatter outputs (after wo and after the MLP), also on the save list.
+        saved = sum(n for n, _, keep, _ in calls if keep)
+        scattered = 2.0 * model.hidden_size / sp if sp > 1 else 0.0
+        return model.hidden_size / sp + q_out + saved + scattered
     return model.hidden_size / sp + q_out + 0.5 * matmul_outs
 
 

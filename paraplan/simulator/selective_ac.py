@@ -1,13 +1,16 @@
 """Which matmuls torchtitan's op-level selective activation checkpointing keeps and re-runs.
 
 torchtitan's ``selective_ac_option = "op"`` policy (parallelize_llama.py ``_get_custom_policy``
-at 9dec370, 2024-12; distributed/activation_checkpoint.py ``SelectiveAC`` today) counts the
+at 9dec370, 2024-12; distributed/activation_checkpoint.py ``SelectiveAC`` at b5bcd76c6,
+2026-08) counts the
 ``aten.mm`` calls of each checkpointed block in forward order and saves the output of every
 odd-numbered one (and of the attention kernel and the reduce-scatters), so every second
 matmul runs again in the backward: "Saves output of all compute ops, except every second mm".
 Which matmuls those are depends on the block's order of calls: a torchtitan Llama block runs
 ``wq``, ``wk``, ``wv``, ``wo``, then ``w2(silu(w1(x)) * w3(x))`` (w1 before w3), so it re-runs
-``wk``, ``wo`` and ``w3``, 36-39% of its matmul FLOPs for Llama 2/3, not half.
+``wk``, ``wo`` and ``w3``, 36-39% of its matmul FLOPs for Llama 2/3, not half. A linear with
+a bias runs ``aten.addmm``, which the policy neither counts nor saves, so models with biases
+keep the half rule (``op_sac_matmuls`` returns None).
 """
 
 from __future__ import annotations
@@ -21,15 +24,15 @@ def op_sac_matmuls(model: ModelSpec, plan: ParallelPlan, *, moe: bool
     """``(n, k, saved, row)`` per rank of each matmul of one layer in forward order (output
     and input widths in elements per token, TP-split; ``saved``: the op-level policy keeps its
     output; ``row``: row-parallel, its output the full hidden width before the reduction), or
-    None where the order of calls is not known: MoE blocks (router and grouped expert GEMMs)
-    and attention other than separate q, k, v projections from the hidden state plus an output
-    projection (MLA's latents)."""
+    None where the order of calls is not known: MoE blocks (router and grouped expert GEMMs),
+    attention other than separate q, k, v projections from the hidden state plus an output
+    projection (MLA's latents), and linears with biases (``aten.addmm``, not counted)."""
     att, h, t = model.attention, model.hidden_size, plan.tp
     projections = att.projections
     standard = (len(projections) == 2 and projections[0].split == "column"
                 and projections[0].k_in == h and projections[1].split == "row"
                 and not att.latent_width)
-    if moe or not standard:
+    if moe or not standard or model.use_bias or model.qkv_bias:
         return None
     ffn = model.ffn_hidden_size / t
     calls = [(att.q_width / t, h, False), (att.k_width / t, h, False),

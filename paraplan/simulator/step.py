@@ -366,7 +366,9 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
     h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,
-                                      plan.recompute)
+                                      plan.recompute, skip_down_proj=(
+                                          training.recompute_early_stop
+                                          and not training.dropout))
     # MFU over the cluster's total peak (the mean peak per GPU on a mixed cluster).
     peak = sum(g.num_gpus * g.gpu.peak_flops(training.precision)
                for g in cluster.node_groups) / n_gpus

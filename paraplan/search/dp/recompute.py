@@ -104,7 +104,8 @@ def per_layer_recompute(model: ModelSpec, cluster: ClusterSpec, training: Traini
     x in-flight micro-batches`` (Korthikanti et al. 2022's per-layer terms via
     ``memory.layer_activation_bytes``, plus the allocator's fragmentation share the simulator
     adds) and costs one extra forward of the layer (incl. its exposed TP/CP/EP communication,
-    as ``simulate`` charges ``recompute=full``). Recomputing any layer of a stage also
+    less what an early-stopping checkpoint leaves out, as ``simulate`` charges
+    ``recompute=full``). Recomputing any layer of a stage also
     re-materialises one layer's full activations during its backward (the simulator's
     ``LayerActivations.working``), charged once per stage.
 

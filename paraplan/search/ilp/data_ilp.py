@@ -96,8 +96,9 @@ def _compose(ctx: Ctx, ch: Choice, groups: list[DataGroup], cluster: ClusterSpec
     replicas = sum(gr.replicas for gr in groups)
     plan = _replica_plan(ctx, ch, replicas)
     mtf = model_flops_per_step(ctx.model, tr.global_batch_size, tr.seq_len) / step / n
-    htf = hardware_flops_per_step(ctx.model, tr.global_batch_size, tr.seq_len,
-                                  ch.recompute) / step / n
+    htf = hardware_flops_per_step(ctx.model, tr.global_batch_size, tr.seq_len, ch.recompute,
+                                  skip_down_proj=tr.recompute_early_stop and not tr.dropout
+                                  ) / step / n
     peak = sum(g.num_gpus * g.gpu.peak_flops(tr.precision) for g in cluster.node_groups) / n
     worst = min(groups, key=lambda gr: gr.report.extra.get("memory_headroom_gb", 0.0))
     base = groups[slow].report

@@ -52,7 +52,8 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
               plan_of: Callable[..., ParallelPlan], run_free: tuple[str, str]) -> np.ndarray:
     """``[key, layer_compose.part_columns]`` (forward, backward, forward GEMMs, attention,
     elementwise, experts, TP, TP backward, CP, EP, CP backward, overlap share, host stall,
-    the forward part a whole-layer re-run skips, the GEMMs op-level checkpointing re-runs) of
+    the forward part a whole-layer re-run skips, the GEMMs op-level checkpointing re-runs, the
+    TP collective an early-stopping re-run skips) of
     an MoE layer for each row of ``keys`` (tp, cp, sp, mbs, zs, ep, etp), as
     ``layer.layer_parts`` gives it. Shared and routed parts are kept in ``space.memo`` (they
     read neither the MoE dispatcher nor its overlap), the all-to-alls by dispatcher."""
@@ -85,8 +86,9 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
     routed, per_e = _routed(space, dev, keys[rep], plan_of, run_free)
     lt, tp_c, tp_b, cp_c, cp_b = compose_parts(_columns(shared, sinv), _columns(routed, einv))
     sort_s, ep_s, overlap, stall = (col[einv] for col in per_e)
+    # No down projection to skip in an MoE block (``rerun_skip_time``): no TP collective either.
     parts = LayerParts(with_dispatch_sort(lt, sort_s), tp_c, tp_b, cp_c, ep_s, cp_b, overlap,
-                       stall)
+                       stall, np.zeros(len(keys)))
     return np.stack(part_columns(parts), axis=1)
 
 
