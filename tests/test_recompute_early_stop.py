@@ -119,6 +119,12 @@ def test_trainer_facts() -> None:
                             ).recompute_early_stop
     assert not trainer_training(foundry, TrainingSpec(global_batch_size=8, seq_len=2048,
                                                       precision="fp8")).recompute_early_stop
+    # Compiled blocks re-run only what the backward needs: torchtitan compiles its fp8 runs.
+    titan = load_trainer("torchtitan")
+    assert not trainer_training(titan, TrainingSpec(global_batch_size=8, seq_len=2048)
+                                ).recompute_early_stop
+    assert trainer_training(titan, TrainingSpec(global_batch_size=8, seq_len=2048,
+                                                precision="fp8")).recompute_early_stop
 
 
 def test_mpt_tables_by_software() -> None:

@@ -357,6 +357,17 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
     return trainer_training(trainer, training), plan.model_copy(update=p_update)
 
 
+def _rerun_skips_down_projection(runs: TrainerRuns, precision: str) -> bool:
+    """``TrainingSpec.recompute_early_stop`` as the trainer runs ``precision``. Compiled blocks
+    skip it whatever the checkpoint's early stop says: AOTAutograd's partitioner re-runs in
+    the backward only the forward nodes the backward needs (torch/_functorch/partitioners.py,
+    ``required_bw_nodes``), and no backward op reads the down projection's output. An eager
+    fp8 linear is a custom autograd Function (Transformer Engine's ``_Linear``, torchao's float8
+    matmul) that saves its tensors after its GEMM, so an eager re-run reaches that GEMM."""
+    compiled = runs.compile or (precision == "fp8" and runs.fp8_compiles)
+    return compiled or (runs.recompute_early_stop and precision != "fp8")
+
+
 def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSpec:
     """``training`` as the trainer runs it: its run facts (gradient reduction and accumulation,
     dropout, kernels (fused for fp8 where the trainer compiles fp8 runs), loss and metrics, fp8
@@ -367,11 +378,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "tp_overlap": runs.tp_overlap,
              "tp_dgrad_overlap": runs.tp_dgrad_overlap,
-             # An eager fp8 linear is a custom autograd Function (Transformer Engine's _Linear,
-             # torchao's float8 matmul) that saves its tensors after its GEMM, so the re-run
-             # reaches the down projection's GEMM before it can stop.
-             "recompute_early_stop": runs.recompute_early_stop and not (
-                 training.precision == "fp8" and not runs.fp8_compiles),
+             "recompute_early_stop": _rerun_skips_down_projection(runs, training.precision),
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,

@@ -234,8 +234,8 @@ class TrainingSpec(StrictModel):
     recompute_early_stop: bool = False
     """A whole-layer recompute stops once every tensor the backward needs exists again, so
     the dense MLP's down projection is not re-run (PyTorch's non-reentrant checkpoint from
-    torch 2.1 on: ``layer_terms.rerun_skip_time``); False: the whole forward runs again
-    (Megatron's and DeepSpeed's reentrant checkpointing, torch <= 2.0)."""
+    torch 2.1 on, and compiled blocks: ``layer_terms.rerun_skip_time``); False: the whole
+    forward runs again (Megatron's and DeepSpeed's reentrant checkpointing, torch <= 2.0)."""
     tp_dgrad_overlap: bool = False
     """Without ``plan.tp_comm_overlap``, each column-parallel linear's backward runs its
     input-gradient TP collective (the all-reduce; under sequence parallelism the
