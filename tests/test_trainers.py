@@ -375,6 +375,14 @@ def test_validate_recipes_ranks_a_recipe_and_says_why():
             assert row["gain"] >= 1 - 1e-9 and row["recipe_fits"]
         assert all(w["part"] in ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm",
                                  "pp_comm", "dp_comm", "optimizer") for w in row["why"])
+        # Both plans' peak memory; "tight": #1 needs more than the recipe and sits within the
+        # memory model's error of the GPU's memory.
+        from paraplan.validate.recipes import TIGHT_MEMORY_FRACTION
+
+        cap, peak = row["memory_capacity_gib"], row["best_peak_gib"]
+        assert cap == 80.0 and 0 < peak <= cap and row["recipe_peak_gib"] > 0
+        assert row["tight"] == (peak >= TIGHT_MEMORY_FRACTION * cap
+                                and peak > row["recipe_peak_gib"])
         # The knobs #1 sets differently, read off the two plans: the 8B recipe runs cp=2.
         import re
 

@@ -176,8 +176,9 @@ def validate_recipes_cmd(
                         ) if "recipe_run" in r else (r["recipe"], r["best"])
         if "recipe_layers_per_stage" in r:  # its guessed layout priced at the DP's split
             recipe += " split=" + "/".join(str(n) for n in r["recipe_layers_per_stage"])
+        gain = f"{r['gain']:.3f}" + ("m" if r["tight"] else "")
         table.add_row(str(r["index"]), r["model"], recipe, best, rank,
-                      f"{r['gain']:.3f}", why or "-", ", ".join(r["changed"]) or "-")
+                      gain, why or "-", ", ".join(r["changed"]) or "-")
     console().print(table)
     if result["n"]:
         console().print(f"{result['n']} recipes: median predicted gain of #1 "
@@ -186,7 +187,10 @@ def validate_recipes_cmd(
                         "5% of #1. * = the recipe is outside the searched space; ! = the "
                         "memory model calls the recipe out of memory (it ran), so it is not "
                         "ranked; split= = layers per stage the recipe is priced with where its "
-                        "own layout is unknown (the exact layer-partition DP's).")
+                        "own layout is unknown (the exact layer-partition DP's); m = #1 needs "
+                        "more memory than the recipe and is within 10% of the GPU's memory, "
+                        "the memory model's error on measured runs: "
+                        f"{result['tight_beyond_5pct']} of the claims beyond 5%.")
         if result["changed_beyond_5pct"]:
             console().print("knobs #1 changes where it claims more than 5%: " + ", ".join(
                 f"{k} {n}x" for k, n in result["changed_beyond_5pct"].items()))

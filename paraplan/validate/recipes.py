@@ -15,7 +15,11 @@ recipe the report gives:
 - why #1 is faster: the time parts (compute, bubble, TP/CP/EP/PP/DP communication,
   optimizer) that differ most, and the knobs #1 sets differently (``changed``: plan fields
   and, for MoE models, the run setting); the summary counts, over the recipes #1 beats by
-  more than 5%, how often each knob changed (``changed_beyond_5pct``).
+  more than 5%, how often each knob changed (``changed_beyond_5pct``);
+- both plans' peak memory per GPU and whether #1 is ``tight``: it needs more memory than the
+  recipe and sits within ``TIGHT_MEMORY_FRACTION`` of the GPU's memory, so its claim rests on
+  the memory model's accuracy as much as on its times (counted over the claims beyond 5%:
+  ``tight_beyond_5pct``).
 
 A cost model with no free lunches ranks tuned recipes at or near the top: a large predicted
 gain points at a cost the model leaves out (or at a recipe that really is slow).
@@ -126,6 +130,11 @@ def _row_of(case: PublishedCase, plan: ParallelPlan) -> tuple[int, ...] | None:
             RECOMPUTES.index(plan.recompute))
 
 
+# A plan within this fraction of the GPU's memory fits or not within the memory model's error
+# on measured runs (9.1% MAPE on the 21 measured rows of published_memory.csv, 2026-11-30).
+TIGHT_MEMORY_FRACTION = 0.9
+
+
 def check_recipe(case: PublishedCase) -> dict[str, Any]:
     """One recipe row: its rank, #1's predicted gain over it and the parts that differ."""
     trainer = load_trainer(case.framework)
@@ -200,6 +209,11 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         row["best_run"] = run_label(best.extra)
         runs = (row["recipe_run"], row["best_run"])
     row["changed"] = changed_knobs(recipe.plan, best.plan, runs)
+    peak, cap = best.memory_gb.get("peak", 0.0), best.extra.get("memory_capacity_gb")
+    row.update(recipe_peak_gib=recipe.memory_gb.get("peak"), best_peak_gib=peak,
+               memory_capacity_gib=cap,
+               tight=bool(cap and peak >= TIGHT_MEMORY_FRACTION * cap
+                          and peak > recipe.memory_gb.get("peak", 0.0)))
     return {**row, "status": "ok", "best": best.extra.get("plan_short", ""),
             "best_step_time_s": best.step_time_s, "rank": faster + 1,
             "recipe_in_space": in_space, "plans_ranked": ranked,
@@ -227,6 +241,7 @@ def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
                                               if r["source_id"] == src),
                           "within_5pct": sum(g <= 1.05 for g in mine)}
     changed: dict[str, int] = {}
+    tight = sum(r["gain"] > 1.05 and r["tight"] for r in ok)
     for r in ok:
         if r["gain"] > 1.05:
             for knob in dict.fromkeys(c.split(" ")[0] for c in r["changed"]):
@@ -238,4 +253,5 @@ def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
         "max_gain": max(gains) if gains else None,
         "ranked_first": sum(r["rank"] == 1 for r in ok),
         "within_5pct": sum(g <= 1.05 for g in gains),
+        "tight_beyond_5pct": tight,
     }
