@@ -6,6 +6,8 @@ simulate and the search evaluator alike, per trainer and against the published t
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from paraplan import TrainingSpec, load_cluster, load_model, parse_plan, simulate
 from paraplan.search.space import SpaceOptions, build_space, evaluate_space, parse_fix
@@ -192,3 +194,21 @@ def test_torchtitan_checkpointing_modes_agree_with_its_own_rows() -> None:
         errors[c.plan.recompute] = pred / c.measured_step_time_s - 1
     assert set(errors) == {"none", "layer", "op"}
     assert max(errors.values()) - min(errors.values()) < 0.015, errors
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), sp=st.booleans(), mbs=st.sampled_from([1, 2]),
+       pp=st.sampled_from([1, 2]),
+       rc=st.sampled_from(["none", "selective", "op", "full", "layer"]))
+def test_early_stop_never_slows_a_plan_and_only_moves_whole_layer_recompute(
+        tp: int, sp: bool, mbs: int, pp: int, rc: str) -> None:
+    cluster = load_cluster("dgx-h100")
+    plan = parse_plan(f"tp={tp},sp={int(sp and tp > 1)},mbs={mbs},pp={pp},rc={rc}")
+    off = TRAIN.model_copy(update={"recompute_early_stop": False})
+    on_rep = simulate(MODEL, cluster, TRAIN, plan, time_if_oom=True)
+    off_rep = simulate(MODEL, cluster, off, plan, time_if_oom=True)
+    if rc in ("full", "layer"):
+        assert on_rep.step_time_s < off_rep.step_time_s
+        assert on_rep.hfu is not None and off_rep.hfu is not None
+    else:
+        assert on_rep.step_time_s == off_rep.step_time_s
