@@ -265,7 +265,8 @@ class LayerTimes:
     projection where the checkpoint stops early (``TrainingSpec.recompute_early_stop``)."""
     op_rerun_gemm_s: float | None = None
     """GEMM seconds op-level selective checkpointing runs again (every second matmul:
-    ``selective_ac.op_sac_matmuls``, else half of them); None: half of gemm_fwd_s."""
+    ``selective_ac.op_sac_matmuls``, else half of them); ``layer_terms.compose_times`` always
+    sets it (None fails loudly where a layer's times were built some other way)."""
 
 
 def dispatch_sort_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan,

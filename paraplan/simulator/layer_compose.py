@@ -96,8 +96,7 @@ def part_columns(parts: LayerParts) -> tuple[Any, ...]:
     return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
             lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.tp_bwd_s, parts.cp_s,
             parts.ep_s, parts.cp_bwd_s, slowdown, parts.host_stall_s, lt.rerun_skip_s,
-            0.5 * lt.gemm_fwd_s if lt.op_rerun_gemm_s is None else lt.op_rerun_gemm_s,
-            parts.tp_rerun_skip_s)
+            lt.op_rerun_gemm_s, parts.tp_rerun_skip_s)
 
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:

@@ -31,7 +31,7 @@ from paraplan.simulator.elementwise import (
     shared_elementwise_bytes_per_token,
 )
 from paraplan.simulator.grads import accumulation_time, layer_grad_params
-from paraplan.simulator.selective_ac import op_sac_matmuls
+from paraplan.simulator.selective_ac import op_sac_matmuls, rerun_skips_down_projection
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.training import TrainingSpec
@@ -128,7 +128,7 @@ def rerun_skip_time(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
     the expert outputs and the routing weights); nor where the down projection is a custom
     autograd Function, which saves after its GEMM (eager fp8 linears: the trainer fact is off
     there, ``specs.trainer.trainer_training``)."""
-    if not training.recompute_early_stop or training.dropout or moe:
+    if moe or not rerun_skips_down_projection(training):
         return 0.0
     tokens = plan.micro_batch_size * training.seq_len / plan.cp
     return gemm_time(device, tokens, model.hidden_size, model.ffn_hidden_size / plan.tp)

@@ -174,6 +174,14 @@ def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: Paral
     sp = t if plan.sequence_parallel else 1
     att = model.attention
     q_out = att.o_width / t
+    calls = op_sac_matmuls(model, plan, moe=moe)
+    if calls is not None:
+        # The odd-numbered matmuls' outputs as the matmul writes them (a row-parallel one's
+        # is the full-width partial sum), and under sequence parallelism the two
+        # reduce-scatter outputs (after wo and after the MLP), also on the save list.
+        saved = sum(n for n, _, keep, _ in calls if keep)
+        scattered = 2.0 * model.hidden_size / sp if sp > 1 else 0.0
+        return model.hidden_size / sp + q_out + saved + scattered
     qkv_outs = (att.q_width + att.k_width + att.v_width) / t + att.latent_width
     gated = 2 if model.mlp_matrices == 3 else 1
     if moe:
@@ -186,14 +194,6 @@ def op_checkpoint_elements(model: ModelSpec, training: TrainingSpec, plan: Paral
     else:
         mlp_outs = gated * model.ffn_hidden_size / t + model.hidden_size / sp
     matmul_outs = qkv_outs + model.hidden_size / sp + mlp_outs
-    calls = op_sac_matmuls(model, plan, moe=moe)
-    if calls is not None:
-        # The odd-numbered matmuls' outputs as the matmul writes them (a row-parallel one's
-        # is the full-width partial sum), and under sequence parallelism the two
-        # reduce-scatter outputs (after wo and after the MLP), also on the save list.
-        saved = sum(n for n, _, keep, _ in calls if keep)
-        scattered = 2.0 * model.hidden_size / sp if sp > 1 else 0.0
-        return model.hidden_size / sp + q_out + saved + scattered
     return model.hidden_size / sp + q_out + 0.5 * matmul_outs
 
 

@@ -17,6 +17,15 @@ from __future__ import annotations
 
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.plan import ParallelPlan
+from paraplan.specs.training import TrainingSpec
+
+
+def rerun_skips_down_projection(training: TrainingSpec) -> bool:
+    """A whole-layer re-run of a dense layer stops before its MLP's down projection: the
+    checkpoint stops early (``TrainingSpec.recompute_early_stop``) and no dropout follows that
+    GEMM (its mask is saved after the GEMM runs). Time (``layer_terms.rerun_skip_time``) and
+    hardware FLOPs (``flops.hardware_flops_per_step``) both read it."""
+    return training.recompute_early_stop and not training.dropout
 
 
 def op_sac_matmuls(model: ModelSpec, plan: ParallelPlan, *, moe: bool

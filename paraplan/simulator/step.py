@@ -64,6 +64,7 @@ from paraplan.simulator.report import (
     gib,
     infeasible,
 )
+from paraplan.simulator.selective_ac import rerun_skips_down_projection
 from paraplan.simulator.stages import even_split, plan_chunks, stage_gpu_types
 from paraplan.simulator.variability import slowest_part_pace
 from paraplan.specs.checks import check_plan
@@ -366,9 +367,8 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
     n_flops = model_flops_per_step(model, training.global_batch_size, training.seq_len)
     h_flops = hardware_flops_per_step(model, training.global_batch_size, training.seq_len,
-                                      plan.recompute, skip_down_proj=(
-                                          training.recompute_early_stop
-                                          and not training.dropout))
+                                      plan.recompute,
+                                      skip_down_proj=rerun_skips_down_projection(training))
     # MFU over the cluster's total peak (the mean peak per GPU on a mixed cluster).
     peak = sum(g.num_gpus * g.gpu.peak_flops(training.precision)
                for g in cluster.node_groups) / n_gpus

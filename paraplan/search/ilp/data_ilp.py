@@ -22,6 +22,7 @@ from paraplan.simulator.compute import Device
 from paraplan.simulator.dp_sync import exposed_grad_sync, grad_sync_parts, overlapped_grad_sync
 from paraplan.simulator.flops import hardware_flops_per_step, model_flops_per_step
 from paraplan.simulator.memory import dp_bucket_elements, params_per_stage
+from paraplan.simulator.selective_ac import rerun_skips_down_projection
 from paraplan.simulator.step import StepReport, even_split, simulate
 from paraplan.specs.cluster import ClusterSpec, NodeGroup
 from paraplan.specs.plan import ParallelPlan
@@ -97,8 +98,7 @@ def _compose(ctx: Ctx, ch: Choice, groups: list[DataGroup], cluster: ClusterSpec
     plan = _replica_plan(ctx, ch, replicas)
     mtf = model_flops_per_step(ctx.model, tr.global_batch_size, tr.seq_len) / step / n
     htf = hardware_flops_per_step(ctx.model, tr.global_batch_size, tr.seq_len, ch.recompute,
-                                  skip_down_proj=tr.recompute_early_stop and not tr.dropout
-                                  ) / step / n
+                                  skip_down_proj=rerun_skips_down_projection(tr)) / step / n
     peak = sum(g.num_gpus * g.gpu.peak_flops(tr.precision) for g in cluster.node_groups) / n
     worst = min(groups, key=lambda gr: gr.report.extra.get("memory_headroom_gb", 0.0))
     base = groups[slow].report
