@@ -948,6 +948,35 @@ def test_triton_flash_attention_is_fa1_class_only_in_its_backward():
     assert runs.flash_attention_version == 1 and runs.flash_attention_triton
 
 
+def test_fa1_class_kernels_run_narrow_heads_as_fast_as_wide_ones():
+    """FlashAttention-2's A100 benchmark (Dao 2023 Fig. 4, causal fwd + bwd at 16k tokens):
+    FlashAttention-2 reaches 171 TFLOP/s at d = 64 against 189 at d = 128 (0.90, the head
+    factor), the Triton kernel 80 and 80, flash-attn 1.x 97 and 83. So at one model width
+    (heads x d fixed), a 64-wide-head model's attention takes the 128-wide one's time under a
+    1.x kernel and 1/0.88-1/0.89 of it under FlashAttention-2."""
+    from paraplan.simulator.attention_shape import attention_shape_factors
+    from paraplan.simulator.compute import attention_times
+
+    dev = Device.of(load_cluster("dgx-a100-80gb").gpu, "bf16")
+    plan = parse_plan("tp=1,pp=1,dp=8,zero=3,mbs=1")
+    wide = load_model("mpt-7b")  # 4096 wide, 32 heads of 128
+    narrow = wide.model_copy(update={"num_attention_heads": 64, "num_kv_heads": 64})
+    assert narrow.attention.qk_head == 64 and wide.attention.qk_head == 128
+    for version, triton in ((1, True), (1, False), (2, False)):
+        training = TrainingSpec(global_batch_size=8, seq_len=16384,
+                                flash_attention_version=version, flash_attention_triton=triton)
+        _, fw, bw = attention_times(wide, training, plan, dev)
+        _, fn, bn = attention_times(narrow, training, plan, dev)
+        if version == 1:
+            assert (fn / fw, bn / bw) == (pytest.approx(1.0), pytest.approx(1.0))
+        else:
+            hf, hb = attention_shape_factors(16384, 64)
+            assert (fn / fw, bn / bw) == (pytest.approx(1 / hf), pytest.approx(1 / hb))
+            assert 1 / hf == pytest.approx(189 / 171, rel=0.03)
+    assert attention_shape_factors(2048, 64, narrow_head_penalty=False) == \
+        attention_shape_factors(2048, 128)
+
+
 @pytest.mark.parametrize("name", ["sm_90", "sm_100"])
 def test_measured_gemm_throughput_follows_the_output_area_not_its_shape(name):
     # What ``GemmTable._fold`` rests on, read from the measured tables themselves: at one k,

@@ -332,8 +332,10 @@ def attention_times(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan
         slow_f, slow_b = (1.0, 1.0) if training.flash_attention_version == 2 else \
             FA1_SLOWDOWN["triton" if training.flash_attention_triton else "cuda"]
         run = run_keys / keys  # causal (and windowed) blocks skipped
-        # Short calls and narrow heads run below the long-sequence efficiency (measured).
-        f_fwd, f_bwd = attention_shape_factors(s_q, att.qk_head)
+        # Short calls and narrow heads run below the long-sequence efficiency (measured); the
+        # 1.x kernels lose nothing on 64-wide heads (attention_shape's docstring).
+        f_fwd, f_bwd = attention_shape_factors(
+            s_q, att.qk_head, narrow_head_penalty=training.flash_attention_version == 2)
         attn_fwd = slow_f * run * score_flops / (device.attention_fwd_flops * f_fwd)
         # FlashAttention's backward recomputes the scores: 2.5x the forward FLOPs, the
         # accounting under which its published backward efficiency holds (Dao 2023, sec 4.1).
