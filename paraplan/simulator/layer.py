@@ -73,14 +73,16 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     the first groups in rank order, tp fastest), on the GPUs ``plan.placement`` maps those ranks
     to (rank r on GPU r if None).
     """
-    lt, tp_c, tp_b, cp_c, cp_b = layer_compute_parts(model, topo, training, plan, device,
-                                                     moe=moe, base_rank=base_rank)
+    routed = routed_terms(model, training, plan, device) if moe else NO_ROUTED
+    shared = shared_parts(model, topo, training, plan, device, moe=moe, base_rank=base_rank)
+    lt, tp_c, tp_b, cp_c, cp_b = compose_parts(shared, routed)
     if moe:  # the dispatcher's sort by local expert (it reads the dispatcher)
         lt = with_dispatch_sort(lt, dispatch_sort_time(model, training, plan, device))
     ep_c, overlap = layer_ep_parts(model, topo, training, plan, device, moe=moe,
                                    base_rank=base_rank)
     # The collective after the down projection that an early-stopping re-run does not reach.
-    trail = (0.5 * tp_c if plan.sequence_parallel else tp_c) if lt.rerun_skip_s else 0.0
+    trail = (shared.tp_scatter_share * tp_c if plan.sequence_parallel else tp_c) \
+        if lt.rerun_skip_s else 0.0
     return LayerParts(lt, tp_c, tp_b, cp_c, ep_c, cp_b, overlap,
                       host_stall(device, plan, moe=moe), trail)
 
@@ -132,6 +134,9 @@ class SharedParts:
     parallel linears' backward collectives under their gradient GEMMs, sequence parallelism's
     input re-gather included (``tp_overlap.dgrad_overlap_delta``; positive where the GEMMs are
     too short to hide that re-gather); 0 otherwise."""
+    tp_scatter_share: Any = 0.5
+    """Under sequence parallelism, the reduce-scatter's share of ``tp_s`` (half in 16 bits;
+    more where the all-gather runs in fp8: ``TrainingSpec.fp8_tp_gather``)."""
 
 
 def compose_parts(shared: SharedParts, routed: RoutedTerms
@@ -165,13 +170,22 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
     terms = shared_terms(model, training, plan, device, moe=moe, attention=attention)
     split_fwd, split_bwd = tp_overlap_split_time(model, training, plan, device, moe=moe)
     tp_c = cover = sms = bwd_exposed = bwd_delta = 0.0
+    scatter_share = 0.5
     if t > 1:  # one all-reduce of b*s*h (SP: an all-gather and a reduce-scatter of it)
         tp_group = on(tuple(range(t)))
         reduce = gather = scatter = 0.0
         if plan.sequence_parallel:
             scatter = coll.group_collective(topo, tp_group, "reduce_scatter", act_bytes)
             gather = coll.group_collective(topo, tp_group, "all_gather", act_bytes)
+            if training.tp_gather_bytes != training.compute_bytes:
+                # fp8 gathers (TrainingSpec.fp8_tp_gather); an MoE block's own half gathers
+                # 16-bit tokens in its dispatcher, so only its attention half is quantized.
+                quant = coll.group_collective(topo, tp_group, "all_gather", act_bytes
+                                              * training.tp_gather_bytes
+                                              / training.compute_bytes)
+                gather = 0.5 * (quant + gather) if moe else quant
             tp_c = gather + scatter
+            scatter_share = scatter / tp_c
         else:
             tp_c = reduce = coll.group_collective(topo, tp_group, "all_reduce", act_bytes)
         if dgrad_overlap_applies(training, plan):
@@ -227,7 +241,7 @@ def shared_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan:
             cp_c = coll.overlapped(gather, first, device.nccl_slowdown)
             cp_b = cp_c + dkv * ring_c
     return SharedParts(terms, split_fwd, split_bwd, tp_c, cover, sms, cp_c, cp_b, bwd_exposed,
-                       bwd_delta)
+                       bwd_delta, scatter_share)
 
 
 def layer_ep_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,

@@ -197,7 +197,9 @@ def comm_bytes(model: ModelSpec, training: TrainingSpec, plan: ParallelPlan, num
     if t > 1:
         regions = 2 * n_dense + n_moe  # TP regions entered (and left) per forward
         if sp:
-            out["all_gather"] += m * (2 * regions * shard + first * shard + last * shard)
+            # The blocks' gathers in fp8 where the trainer quantizes first (fp8_tp_gather).
+            q = training.tp_gather_bytes / e
+            out["all_gather"] += m * (2 * regions * shard * q + first * shard + last * shard)
             out["reduce_scatter"] += m * (2 * regions * act + first * act + last * act)
         else:
             out["all_reduce"] += m * (2 * regions * act + first * act + last * act)

@@ -149,6 +149,9 @@ class TrainerRuns(StrictModel):
     exported config turns torch.compile on with the fp8 converter."""
     fp8_param_gather: bool = False
     """fp8 training all-gathers sharded parameters in fp8 (``TrainingSpec.fp8_param_gather``)."""
+    fp8_tp_gather: bool = False
+    """fp8 training runs its sequence-parallel all-gathers in fp8
+    (``TrainingSpec.fp8_tp_gather``)."""
     fsdp_copies: Literal["flat", "per_param"] | None = None
     """Per-micro-batch copies of its sharded data parallelism (``TrainingSpec.fsdp_copies``)."""
     cp_merge: Literal["fused", "eager_fp32"] = "fused"
@@ -396,6 +399,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              "clip_scales_always": runs.clip_scales_always,
              "fused_rope_scales": runs.fused_rope_scales,
              "fp8_param_gather": runs.fp8_param_gather and training.precision == "fp8",
+             "fp8_tp_gather": runs.fp8_tp_gather and training.precision == "fp8",
              "grad_accumulation": runs.grad_accumulation.get(training.precision),
              "zero1_grad_all_reduce": runs.zero1_grad_all_reduce
              if isinstance(runs.zero1_grad_all_reduce, bool) else training.precision == "bf16",

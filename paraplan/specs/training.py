@@ -123,6 +123,19 @@ class TrainingSpec(StrictModel):
     which torchtitan sets with ``quantize.linear.float8.enable_fsdp_float8_all_gather``
     (torchtitan docs/float8.md: "cast Float8Linear.weight from high precision to float8 before
     FSDP all-gather so we can communicate in float8"). Ignored unless precision is fp8."""
+    fp8_tp_gather: bool = False
+    """fp8 training runs the sequence-parallel all-gathers of the transformer blocks' linears
+    in fp8 (1 byte per element): the column-parallel inputs in the forward (and their backward
+    re-gather for the weight gradient) and the row-parallel output gradients in the backward;
+    the reduce-scatters stay in the compute dtype. Transformer Engine quantizes before it
+    gathers (module/layernorm_linear.py and linear.py ``gather_along_first_dim(...,
+    quantizer=...)``, module/base.py ``grad_output_preprocess``; TE d0067d0); torchao's
+    ``Float8ColwiseParallel`` / ``PrepareFloat8ModuleInput`` cast before the all-gather and
+    ``Float8RowwiseParallel`` casts the output gradient before its backward all-gather
+    (torchao v0.8.0 float8/float8_tensor_parallel.py; torchtitan docs/float8.md: "float8
+    all-gather ... for TP (by default for Float8Linear)"). An MoE block's own token gather
+    (its dispatcher's) and the output layer stay 16-bit. Ignored unless precision is fp8 and
+    the plan is sequence parallel."""
     fsdp_copies: Literal["flat", "per_param"] | None = None
     """Memory copies the sharded data-parallel implementation adds to every micro-batch under
     zero_stage 2/3 (``simulator.copies.fsdp_copy_bytes_per_param``): ``flat`` (PyTorch FSDP1
@@ -293,6 +306,12 @@ class TrainingSpec(StrictModel):
     def compute_bytes(self) -> int:
         """Bytes per weight/activation element (fp8 runs keep bf16 tensors)."""
         return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]
+
+    @property
+    def tp_gather_bytes(self) -> int:
+        """Bytes per element of a transformer block's sequence-parallel all-gather: 1 with fp8
+        gathers (``fp8_tp_gather``), else the compute dtype's."""
+        return 1 if self.fp8_tp_gather and self.precision == "fp8" else self.compute_bytes
 
     def param_gather_bytes(self, dp: int) -> int:
         """Bytes per dense parameter element a ZeRO/FSDP parameter all-gather over ``dp``

@@ -68,6 +68,7 @@ from paraplan.validate.source_facts import (
     SC21_TABLE_1,
     TIED_EMBEDDING_SOURCES,
     TORCHTITAN_AC_EARLY_STOP_OFF_FROM,
+    TORCHTITAN_FP8_TP_GATHER_OFF_FROM,
     TORCHTITAN_FUSED_ADAMW_FROM,
     TORCHTITAN_GQA_WITHOUT_REPEAT_FROM,
     TORCHTITAN_LOSS_COMPILED_FROM,
@@ -423,6 +424,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["kv_repeat"] = True
         if torchtitan_before(TORCHTITAN_AC_EARLY_STOP_OFF_FROM):
             explicit["recompute_early_stop"] = True
+        if torchtitan_before(TORCHTITAN_FP8_TP_GATHER_OFF_FROM) and "rowwise" not in notes:
+            explicit["fp8_tp_gather"] = True  # matters only for fp8 with sequence parallel
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))
         if source == "mosaicml_llmfoundry_mpt" and flash_v is not None:
