@@ -852,15 +852,16 @@ def test_pytorch_all_gather_rotater_hides_under_one_attention_step():
     gathers again and passes dK/dV round the ring. By hand for tp=8, cp=4 across 4 nodes."""
     from paraplan.simulator import collectives as coll
     from paraplan.simulator.compute import Device
-    from paraplan.simulator.layer import layer_compute_parts
+    from paraplan.simulator.layer import layer_parts
 
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=4)
     ring = TrainingSpec(global_batch_size=8, seq_len=8192)
     gather = ring.model_copy(update={"cp_kv_exchange": "allgather"})
     plan = parse_plan("tp=8,cp=4,sp=1,mbs=1")
     topo, dev = cluster.topology, Device.of_training(cluster.gpu, ring)
-    lt, _, _, ring_c, ring_b = layer_compute_parts(model, topo, ring, plan, dev, moe=False)
-    _, _, _, ag_c, ag_b = layer_compute_parts(model, topo, gather, plan, dev, moe=False)
+    ring_p = layer_parts(model, topo, ring, plan, dev, moe=False)
+    ag_p = layer_parts(model, topo, gather, plan, dev, moe=False)
+    lt, ring_c, ag_c, ag_b = ring_p.times, ring_p.cp_s, ag_p.cp_s, ag_p.cp_bwd_s
     att = model.attention
     kv = 1 * 8192 / 4 * (att.k_width + att.v_width) * 2 / 8
     all_gather = coll.group_collective(topo, (0, 8, 16, 24), "all_gather", 4 * kv)

@@ -48,7 +48,7 @@ from paraplan.specs.topology import Topology
 from paraplan.specs.training import TrainingSpec
 
 __all__ = ["HeadTimes", "LayerCost", "LayerParts", "compose_columns", "compose_layer_cost",
-           "head_times", "host_stall", "layer_a2a_time", "layer_compute_parts", "layer_cost",
+           "head_times", "host_stall", "layer_a2a_time", "layer_cost",
            "layer_ep_parts", "layer_parts", "lm_head_cost", "mtp_columns", "mtp_projection_time",
            "overlapped_a2a", "placed_group", "unpartnered_share", "with_mtp"]
 
@@ -95,24 +95,10 @@ def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:
     return device.moe_sync_stall_s if moe and plan.moe_capacity_factor is None else 0.0
 
 
-def layer_compute_parts(model: ModelSpec, topo: Topology, training: TrainingSpec,
-                        plan: ParallelPlan, device: Device, *, moe: bool, base_rank: int = 0,
-                        attention: tuple[float, float, float] | None = None
-                        ) -> tuple[LayerTimes, float, float, float, float]:
-    """``layer_parts``' compute times and exposed TP and CP traffic (forward, backward each):
-    everything but the expert all-to-alls, so nothing here reads the MoE dispatcher or its
-    overlap (``training.moe_dispatcher``, ``moe_a2a_overlap``). ``attention``: the plan's
-    ``compute.attention_times`` when the caller has it. ``compose_parts`` of the layer's
-    ``shared_parts`` and (MoE layers) ``layer_terms.routed_terms``."""
-    routed = routed_terms(model, training, plan, device) if moe else NO_ROUTED
-    return compose_parts(shared_parts(model, topo, training, plan, device, moe=moe,
-                                      base_rank=base_rank, attention=attention), routed)
-
-
 @dataclass(frozen=True)
 class SharedParts:
-    """What of ``layer_compute_parts`` does not read ep or expert TP (seconds; numbers, or
-    numpy arrays of one value per plan key in the evaluator)."""
+    """What of a layer's compute and TP/CP traffic does not read ep or expert TP (seconds;
+    numbers, or numpy arrays of one value per plan key in the evaluator)."""
 
     terms: SharedTerms
     split_fwd_s: Any
@@ -141,9 +127,8 @@ class SharedParts:
 
 def compose_parts(shared: SharedParts, routed: RoutedTerms
                   ) -> tuple[LayerTimes, Any, Any, Any, Any]:
-    """``layer_compute_parts`` from its two parts (numbers or numpy arrays): the layer's
-    times, the exposed TP traffic of a forward and of a backward pass, the exposed CP
-    traffic of a forward and of a backward."""
+    """A layer's times and exposed TP and CP traffic (forward, backward each) from its two
+    parts (numbers or numpy arrays): all but the expert all-to-alls and their overlap."""
     lt = compose_times(shared.terms, routed)
     lt = replace(lt, forward_s=lt.forward_s + shared.split_fwd_s,
                  backward_s=lt.backward_s + shared.split_bwd_s)

@@ -8,7 +8,7 @@ _math_sms, _stream_compute[i % _stream_compute.size()])``), so one chunk fills t
 of the one before and the split GEMM costs what the whole one does; the price is
 ``_math_sms``: the pipelined and bulk overlaps hold SMs for their communication kernels for
 as long as the GEMM runs. The exposed communication that remains is
-``layer.layer_compute_parts``'.
+``layer.compose_parts``'.
 """
 
 from __future__ import annotations
