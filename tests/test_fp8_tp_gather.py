@@ -5,6 +5,8 @@ in simulate and the search evaluator alike, per trainer and per dated torchtitan
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from paraplan import TrainingSpec, load_cluster, load_model, parse_plan, simulate
 from paraplan.search.space import SpaceOptions, build_space, evaluate_space, parse_fix
@@ -121,3 +123,28 @@ def test_dated_torchtitan_rows() -> None:
         assert case.training.fp8_tp_gather, index
     bf16 = cases[49]
     assert bf16.training.precision == "bf16" and bf16.training.tp_gather_bytes == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), sp=st.booleans(), mbs=st.sampled_from([1, 2]),
+       pp=st.sampled_from([1, 2]), moe=st.booleans(),
+       rc=st.sampled_from(["none", "selective", "full"]))
+def test_fp8_gathers_never_slow_a_plan_and_touch_only_fp8_sp(
+        tp: int, sp: bool, mbs: int, pp: int, moe: bool, rc: str) -> None:
+    model = load_model("mixtral-8x7b") if moe else MODEL
+    cluster = load_cluster("dgx-h100", nodes=2)
+    ep = ",ep=2" if moe else ""
+    plan = parse_plan(f"tp={tp},sp={int(sp and tp > 1)},mbs={mbs},pp={pp},rc={rc}{ep}")
+    off = FP8.model_copy(update={"fp8_tp_gather": False})
+    on_rep = simulate(model, cluster, FP8, plan, time_if_oom=True)
+    off_rep = simulate(model, cluster, off, plan, time_if_oom=True)
+    assume(on_rep.step_time_s is not None)  # a legal plan (tp x ep within the cluster, ...)
+    if plan.sequence_parallel:
+        assert on_rep.step_time_s < off_rep.step_time_s
+        assert on_rep.time_s["tp_comm"] <= off_rep.time_s["tp_comm"]
+    else:
+        assert on_rep.step_time_s == off_rep.step_time_s
+    bf16 = FP8.model_copy(update={"precision": "bf16"})
+    assert simulate(model, cluster, bf16, plan, time_if_oom=True).step_time_s == simulate(
+        model, cluster, bf16.model_copy(update={"fp8_tp_gather": False}), plan,
+        time_if_oom=True).step_time_s
