@@ -51,9 +51,9 @@ def test_the_gather_carries_one_byte_per_element_by_hand() -> None:
     assert shared_parts(MODEL, cluster.topology, FP8, no_sp, dev, moe=False).tp_s == \
         shared_parts(MODEL, cluster.topology, FP8.model_copy(update={"fp8_tp_gather": False}),
                      no_sp, dev, moe=False).tp_s
-    # 16-bit runs ignore the flag.
-    bf16 = FP8.model_copy(update={"precision": "bf16"})
-    assert bf16.tp_gather_bytes == 2
+    # 16-bit runs ignore the flag; block scaling gathers one scale byte per 32 elements.
+    assert FP8.model_copy(update={"precision": "bf16"}).tp_gather_bytes == 2
+    assert FP8.model_copy(update={"fp8_scaling": "block"}).tp_gather_bytes == 1 + 1 / 32
 
 
 def test_an_early_stopping_re_run_skips_the_whole_reduce_scatter() -> None:
@@ -69,25 +69,53 @@ def test_an_early_stopping_re_run_skips_the_whole_reduce_scatter() -> None:
     assert parts.tp_rerun_skip_s > 0.5 * parts.tp_s
 
 
-def test_simulate_and_the_evaluator_agree() -> None:
+def test_an_op_level_re_run_issues_the_two_fp8_gathers_again() -> None:
+    """torchtitan's op-level SAC re-runs the all-gathers in front of attention and the MLP
+    (fp8 ones under Float8 TP), not the saved reduce-scatter."""
+    from paraplan.simulator.layer import compose_layer_cost
+
+    cluster = load_cluster("dgx-h100")
+    dev = Device.of_training(cluster.node_groups[0].gpu, FP8)
+    plan = PLAN.model_copy(update={"recompute": "op"})
+    for training in (FP8, FP8.model_copy(update={"fp8_tp_gather": False})):
+        parts = layer_parts(MODEL, cluster.topology, training, plan, dev, moe=False)
+        shared = shared_parts(MODEL, cluster.topology, training, plan, dev, moe=False)
+        gathers = 2 * (1 - shared.tp_scatter_share) * parts.tp_s
+        assert parts.tp_op_rerun_s == pytest.approx(gathers)
+        assert compose_layer_cost(parts, "op").tp == pytest.approx(
+            compose_layer_cost(parts, "none").tp + gathers)
+    # 16-bit gathers: the pair's traffic; without SP the all-reduce in front of the MLP.
+    assert parts.tp_op_rerun_s == pytest.approx(parts.tp_s)
+    no_sp = layer_parts(MODEL, cluster.topology, FP8, parse_plan("tp=8,sp=0,mbs=1,rc=op"),
+                        dev, moe=False)
+    assert no_sp.tp_op_rerun_s == pytest.approx(no_sp.tp_s)
+
+
+@pytest.mark.parametrize(("name", "rc"), [("llama3-8b", "full"), ("llama3-8b", "op"),
+                                          ("mixtral-8x7b", "full")])
+def test_simulate_and_the_evaluator_agree(name: str, rc: str) -> None:
+    """Dense and MoE layers (the MoE keys average their two gathers), whole-layer re-runs
+    that stop early (the reduce-scatter's share) and op-level re-runs (the two gathers)."""
+    model = load_model(name)
     cluster = load_cluster("dgx-h100", nodes=2)
-    with_fp8 = simulate(MODEL, cluster, FP8, PLAN)
-    bf16_gathers = simulate(MODEL, cluster, FP8.model_copy(update={"fp8_tp_gather": False}),
-                            PLAN)
+    training = FP8.model_copy(update={"recompute_early_stop": True, "kernels": "fused"})
+    plan = PLAN.model_copy(update={"recompute": rc})
+    with_fp8 = simulate(model, cluster, training, plan, time_if_oom=True)
+    bf16_gathers = simulate(model, cluster, training.model_copy(
+        update={"fp8_tp_gather": False}), plan, time_if_oom=True)
     assert 0 < with_fp8.time_s["tp_comm"] < bf16_gathers.time_s["tp_comm"]
-    space = build_space(MODEL, cluster, FP8, fix=parse_fix({"sp": 1}),
+    space = build_space(model, cluster, training, fix=parse_fix({"sp": 1, "rc": rc}),
                         options=SpaceOptions(max_micro_batch=2))
     ev = evaluate_space(space, times_for_oom=True)
     rows = [i for i in range(len(space)) if space.plan(i).virtual_stages == 1
-            and space.plan(i).tp > 1]
+            and space.plan(i).tp > 1][:40]
     assert len(rows) >= 4
     for i in rows:
-        rep = simulate(MODEL, cluster, FP8, space.plan(i), time_if_oom=True)
+        rep = simulate(model, cluster, training, space.plan(i), time_if_oom=True)
         assert ev.step_time_s[i] == pytest.approx(rep.step_time_s, rel=1e-9)
 
 
 def test_exact_volumes_count_the_fp8_gathers() -> None:
-    cluster = load_cluster("dgx-h100")
     plan = parse_plan("tp=8,sp=1,dp=1,mbs=1")
     quant = comm_bytes(MODEL, FP8, plan, 8)
     whole = comm_bytes(MODEL, FP8.model_copy(update={"fp8_tp_gather": False}), plan, 8)
@@ -98,7 +126,6 @@ def test_exact_volumes_count_the_fp8_gathers() -> None:
     assert whole["all_gather"] - quant["all_gather"] == \
         m * 2 * 2 * MODEL.num_layers * shard / 2
     assert whole["reduce_scatter"] == quant["reduce_scatter"]
-    assert cluster.num_gpus == 8
 
 
 def test_trainer_facts() -> None:
@@ -108,12 +135,12 @@ def test_trainer_facts() -> None:
     assert core.runs.fp8_tp_gather
     assert trainer_training(core, fp8).fp8_tp_gather
     assert not trainer_training(core, bf16).fp8_tp_gather
-    # torchtitan v0.2.2 looks for a converter named 'float8', renamed by #1763.
+    # torchtitan v0.2.2 looks for a converter named 'float8', renamed by #1701 (2025-09-26).
     assert not trainer_training(load_trainer("torchtitan"), fp8).fp8_tp_gather
 
 
 def test_dated_torchtitan_rows() -> None:
-    """The 2024-12 and 2025-06 fp8 TP rows ran torchao's Float8 TP plans (before #1763)."""
+    """The 2024-12 and 2025-06 fp8 TP rows ran torchao's Float8 TP plans (before #1701)."""
     from paraplan.validate.published import load_published_throughput
 
     cases = {c.index: c for c in load_published_throughput()}
@@ -148,3 +175,23 @@ def test_fp8_gathers_never_slow_a_plan_and_touch_only_fp8_sp(
     assert simulate(model, cluster, bf16, plan, time_if_oom=True).step_time_s == simulate(
         model, cluster, bf16.model_copy(update={"fp8_tp_gather": False}), plan,
         time_if_oom=True).step_time_s
+
+
+@pytest.mark.parametrize(("converter", "recipe", "gathers"), [
+    ("quantize.linear.float8", "tensorwise", False), ("float8", "tensorwise", True),
+    ("float8", "rowwise", False)])
+def test_the_torchtitan_import_reads_which_converter_turns_fp8_tp_on(
+        tmp_path, converter: str, recipe: str, gathers: bool) -> None:
+    """parallelize.py (v0.2.2 L77-86) turns the Float8 TP plan on for a converter named
+    'float8' with tensorwise scaling only."""
+    from paraplan.importers import read_trainer_config
+
+    text = (f'[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["{converter}"]\n'
+            '[training]\nlocal_batch_size = 1\nseq_len = 8192\nglobal_batch_size = 64\n'
+            '[parallelism]\ntensor_parallel_degree = 8\ndata_parallel_shard_degree = 8\n'
+            f'[quantize.linear.float8]\nrecipe_name = "{recipe}"\n')
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    imported = read_trainer_config(path, text)
+    assert imported is not None and imported.training["precision"] == "fp8"
+    assert imported.training["fp8_tp_gather"] is gathers

@@ -39,7 +39,7 @@ def _row(pt) -> list[float]:
     return [lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
             lt.elementwise_fwd_s, lt.expert_fwd_s, pt.tp_s, pt.tp_bwd_s, pt.cp_s, pt.ep_s,
             pt.cp_bwd_s, pt.ep_overlap_slowdown or 0.0, pt.host_stall_s, lt.rerun_skip_s,
-            lt.op_rerun_gemm_s, pt.tp_rerun_skip_s]
+            lt.op_rerun_gemm_s, pt.tp_rerun_skip_s, pt.tp_op_rerun_s]
 
 
 @pytest.mark.parametrize("run", range(len(RUNS)))

@@ -103,6 +103,10 @@ def read_torchtitan(data: dict[str, Any], path: str = "") -> ImportedConfig:
         training["precision"] = "fp8"
         fp8 = ((data.get("quantize") or {}).get("linear") or {}).get("float8") or {}
         training["fp8_param_gather"] = bool(fp8.get("enable_fsdp_float8_all_gather", False))
+        # The TP plan turns torchao's fp8 all-gathers on for a converter named "float8" with
+        # tensorwise scaling (parallelize.py at v0.2.2 L77-86; TrainingSpec.fp8_tp_gather).
+        rowwise = str(fp8.get("recipe_name", "")).startswith("rowwise")
+        training["fp8_tp_gather"] = "float8" in converters and not rowwise
     comp = data.get("compile") or {}
     compiled = comp.get("components", ["model", "loss"]) if comp.get("enable") else []
     # What torch.compile covers, stated (fp8 would otherwise be priced compiled).

@@ -24,6 +24,7 @@ from paraplan.simulator.layer_compose import (
     LayerParts,
     compose_columns,
     compose_layer_cost,
+    op_rerun_tp,
     overlapped_a2a,
     unpartnered_share,
 )
@@ -65,14 +66,11 @@ def placed_group(plan: ParallelPlan, ranks: tuple[int, ...], base_rank: int = 0
 def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: ParallelPlan,
                 device: Device, *, moe: bool, base_rank: int = 0) -> LayerParts:
     """Compute time and exposed TP/CP/EP communication of one layer and micro-batch.
-
     Depends on the plan only through tp, cp, ep, etp, sequence parallelism, micro-batch size,
     tp_comm_overlap, placement, the capacity factor (never searched) and (eager kernels)
-    whether ZeRO >= 2.
-    Groups are the TP/CP/EP groups that start at rank ``base_rank`` (a multiple of tp*cp; 0 =
-    the first groups in rank order, tp fastest), on the GPUs ``plan.placement`` maps those ranks
-    to (rank r on GPU r if None).
-    """
+    whether ZeRO >= 2. Groups are the TP/CP/EP groups that start at rank ``base_rank`` (a
+    multiple of tp*cp; 0 = the first groups in rank order, tp fastest), on the GPUs
+    ``plan.placement`` maps those ranks to (rank r on GPU r if None)."""
     routed = routed_terms(model, training, plan, device) if moe else NO_ROUTED
     shared = shared_parts(model, topo, training, plan, device, moe=moe, base_rank=base_rank)
     lt, tp_c, tp_b, cp_c, cp_b = compose_parts(shared, routed)
@@ -84,7 +82,8 @@ def layer_parts(model: ModelSpec, topo: Topology, training: TrainingSpec, plan: 
     trail = (shared.tp_scatter_share * tp_c if plan.sequence_parallel else tp_c) \
         if lt.rerun_skip_s else 0.0
     return LayerParts(lt, tp_c, tp_b, cp_c, ep_c, cp_b, overlap,
-                      host_stall(device, plan, moe=moe), trail)
+                      host_stall(device, plan, moe=moe), trail,
+                      op_rerun_tp(tp_c, shared.tp_scatter_share))
 
 
 def host_stall(device: Device, plan: ParallelPlan, *, moe: bool) -> float:

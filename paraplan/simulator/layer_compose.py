@@ -77,12 +77,23 @@ class LayerParts:
     device-to-host sync (``Device.moe_sync_stall_s``; MoE layers)."""
     tp_rerun_skip_s: float = 0.0
     """The TP collective after the MLP's down projection (one all-reduce; under sequence
-    parallelism its reduce-scatter, half of ``tp_s``) that a whole-layer re-run stopping
-    early before that GEMM (``LayerTimes.rerun_skip_s``) does not issue again."""
+    parallelism its reduce-scatter, ``layer.SharedParts.tp_scatter_share`` of ``tp_s``) that
+    a whole-layer re-run stopping early before that GEMM (``LayerTimes.rerun_skip_s``) does
+    not issue again."""
+    tp_op_rerun_s: float = 0.0
+    """The TP traffic an op-level re-run issues again: the all-gathers in front of attention
+    and the MLP under sequence parallelism (fp8 ones where ``TrainingSpec.fp8_tp_gather``),
+    else the all-reduce in front of the MLP (``compose_columns``)."""
 
 
-PARTS = 16
+PARTS = 17
 """How many ``part_columns`` a layer's parts make."""
+
+
+def op_rerun_tp(tp_s: Any, scatter_share: Any) -> Any:
+    """``LayerParts.tp_op_rerun_s`` from the exposed forward TP pair and its reduce-scatter
+    share: the pair's two gathers under sequence parallelism; one all-reduce without it."""
+    return 2.0 * (1.0 - scatter_share) * tp_s
 
 
 def part_columns(parts: LayerParts) -> tuple[Any, ...]:
@@ -90,13 +101,14 @@ def part_columns(parts: LayerParts) -> tuple[Any, ...]:
     or numpy arrays of one value per plan key in the evaluator): ``LayerTimes`` fields, the
     exposed TP/CP/EP traffic, the overlap's share (0 where the all-to-alls are exposed), the
     host stall, the forward part a whole-layer recompute skips, the GEMMs op-level
-    checkpointing re-runs and the TP collective an early-stopping re-run skips."""
+    checkpointing re-runs, the TP collective an early-stopping re-run skips and the TP
+    traffic an op-level re-run issues again."""
     lt = parts.times
     slowdown = 0.0 if parts.ep_overlap_slowdown is None else parts.ep_overlap_slowdown
     return (lt.forward_s, lt.backward_s, lt.gemm_fwd_s, lt.attention_fwd_s,
             lt.elementwise_fwd_s, lt.expert_fwd_s, parts.tp_s, parts.tp_bwd_s, parts.cp_s,
             parts.ep_s, parts.cp_bwd_s, slowdown, parts.host_stall_s, lt.rerun_skip_s,
-            lt.op_rerun_gemm_s, parts.tp_rerun_skip_s)
+            lt.op_rerun_gemm_s, parts.tp_rerun_skip_s, parts.tp_op_rerun_s)
 
 
 def compose_layer_cost(parts: LayerParts, recompute: str) -> LayerCost:
@@ -109,7 +121,7 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
                     expert_s: Any, tp_s: Any, tp_bwd_s: Any, cp_s: Any, ep_s: Any,
                     cp_bwd_s: Any,
                     slowdown: Any, stall_s: Any, skip_s: Any, op_gemm_s: Any,
-                    tp_skip_s: Any, recompute: Any) -> tuple[Any, ...]:
+                    tp_skip_s: Any, tp_op_s: Any, recompute: Any) -> tuple[Any, ...]:
     """``compose_layer_cost`` on numbers or numpy arrays alike (the vectorized search composes
     every plan key at once): ``LayerTimes`` / ``LayerParts`` fields, ``slowdown`` 0 where the
     all-to-alls are not overlapped (an overlapped one always takes SMs), ``stall_s`` the
@@ -117,6 +129,7 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     whole-layer re-run leaves out (``LayerTimes.rerun_skip_s``), ``op_gemm_s`` the GEMMs
     op-level checkpointing re-runs (``LayerTimes.op_rerun_gemm_s``), ``tp_skip_s`` the TP
     collective an early-stopping re-run leaves out (``LayerParts.tp_rerun_skip_s``),
+    ``tp_op_s`` the TP traffic an op-level re-run issues (``LayerParts.tp_op_rerun_s``),
     ``recompute`` names.
     Returns the ``LayerCost`` fields in order (fwd, bwd, wgrad, compute, tp, cp, ep,
     ep_lone_fwd, ep_lone_bwd). Masks are 0/1 factors, so one body serves both."""
@@ -134,12 +147,13 @@ def compose_columns(fwd_s: Any, bwd_s: Any, gemm_s: Any, attn_s: Any, elem_s: An
     # distributed/activation_checkpoint.py today), and both the eager recompute and
     # torch.compile's partitioner (``must_recompute``: PREFER_RECOMPUTE counts as MUST)
     # re-run every unsaved op the backward needs: the all-gathers in front of attention and
-    # the MLP (or, without sequence parallelism, the all-reduce in front of the MLP), one
-    # all-reduce's worth of traffic per layer. After the MLP, sequence parallelism's
+    # the MLP (or, without sequence parallelism, the all-reduce in front of the MLP): one
+    # all-reduce's worth of traffic per layer in 16 bits, less with fp8 gathers. After the
+    # MLP, sequence parallelism's
     # reduce-scatter is saved; without it the all-reduce there is re-run only where the
     # checkpoint does not stop early (not charged: torchtitan always pairs TP with SP).
     tp_f = 2 * tp_s
-    tp_b = 2 * tp_bwd_s + full * (2 * tp_s - tp_skip_s) + (recompute == "op") * tp_s
+    tp_b = 2 * tp_bwd_s + full * (2 * tp_s - tp_skip_s) + (recompute == "op") * tp_op_s
     cp_f, cp_b = cp_s, cp_bwd_s + full * cp_s
     # Megatron-Core refuses the all-to-all overlap where whole layers are recomputed.
     over = (slowdown > 0) * (full == 0)

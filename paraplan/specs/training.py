@@ -308,10 +308,14 @@ class TrainingSpec(StrictModel):
         return 2 if self.precision == "fp8" else DTYPE_BYTES[self.precision]
 
     @property
-    def tp_gather_bytes(self) -> int:
-        """Bytes per element of a transformer block's sequence-parallel all-gather: 1 with fp8
-        gathers (``fp8_tp_gather``), else the compute dtype's."""
-        return 1 if self.fp8_tp_gather and self.precision == "fp8" else self.compute_bytes
+    def tp_gather_bytes(self) -> float:
+        """Bytes per element of a transformer block's sequence-parallel all-gather: with fp8
+        gathers (``fp8_tp_gather``) 1, plus the block scales block scaling gathers with the
+        data (MXFP8: one E8M0 byte per 32 elements; 1x128 blocks: one fp32 per 128, the same
+        1/32 B; a per-tensor scale is negligible), else the compute dtype's."""
+        if not (self.fp8_tp_gather and self.precision == "fp8"):
+            return float(self.compute_bytes)
+        return 1.0 + (1.0 / 32.0 if self.fp8_scaling == "block" else 0.0)
 
     def param_gather_bytes(self, dp: int) -> int:
         """Bytes per dense parameter element a ZeRO/FSDP parameter all-gather over ``dp``

@@ -424,7 +424,8 @@ def row_specs(row: dict[str, Any], memory: bool = False) -> _Specs:
             explicit["kv_repeat"] = True
         if torchtitan_before(TORCHTITAN_AC_EARLY_STOP_OFF_FROM):
             explicit["recompute_early_stop"] = True
-        if torchtitan_before(TORCHTITAN_FP8_TP_GATHER_OFF_FROM) and "rowwise" not in notes:
+        if torchtitan_before(TORCHTITAN_FP8_TP_GATHER_OFF_FROM) and "rowwise" not in (
+                notes + " " + cell(row, "precision").lower()):
             explicit["fp8_tp_gather"] = True  # matters only for fp8 with sequence parallel
         flash_v = mpt_flash_attention_version(cell(row, "source_location"),
                                               cell(row, "model_name"))

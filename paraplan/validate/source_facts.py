@@ -207,10 +207,11 @@ TORCHTITAN_AC_EARLY_STOP_OFF_FROM = (2025, 9)
 # 116 and 201-202), so ring attention passed and merged query-width K/V
 # (``TrainingSpec.kv_repeat``).
 TORCHTITAN_GQA_WITHOUT_REPEAT_FROM = (2026, 2)
-# pytorch/torchtitan 8a2686c4a (2025-09-30, #1763 "Refactor quantization API") renamed the fp8
-# converter 'quantize.linear.float8', which the tensor-parallel plan's check for a converter
-# named 'float8' no longer finds; before it fp8 tensorwise runs applied torchao's
-# Float8ColwiseParallel / Float8RowwiseParallel, whose all-gathers carry fp8
+# pytorch/torchtitan 5b5d46856 (2025-09-26, #1701) replaced the fp8 converter 'float8' with
+# 'quantize.dense.float8' (8a2686c4a, #1763, 2025-09-30: 'quantize.linear.float8'), which the
+# tensor-parallel plan's check for a converter named 'float8' no longer finds; before it fp8
+# tensorwise runs applied torchao's Float8ColwiseParallel / Float8RowwiseParallel, whose
+# all-gathers carry fp8
 # (``TrainingSpec.fp8_tp_gather``; parallelize_llama.py at ba2469780, 2024-12-19, and
 # models/llama3/infra/parallelize.py at 2887250bb, 2025-06-16).
 TORCHTITAN_FP8_TP_GATHER_OFF_FROM = (2025, 10)

@@ -42,7 +42,7 @@ from paraplan.simulator.layer import (
     layer_a2a_time,
     shared_parts,
 )
-from paraplan.simulator.layer_compose import PARTS, LayerParts, part_columns
+from paraplan.simulator.layer_compose import PARTS, LayerParts, op_rerun_tp, part_columns
 from paraplan.simulator.layer_terms import RoutedTerms, SharedTerms, routed_terms
 from paraplan.simulator.moe import a2a_shape, dispatch_tokens, expert_shape, sp_split
 from paraplan.specs.plan import ParallelPlan
@@ -84,11 +84,12 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
     rep = np.zeros(len(eu), dtype=np.int64)
     rep[einv[::-1]] = np.arange(len(keys))[::-1]  # each routed key's first plan key
     routed, per_e = _routed(space, dev, keys[rep], plan_of, run_free)
-    lt, tp_c, tp_b, cp_c, cp_b = compose_parts(_columns(shared, sinv), _columns(routed, einv))
+    cols = _columns(shared, sinv)
+    lt, tp_c, tp_b, cp_c, cp_b = compose_parts(cols, _columns(routed, einv))
     sort_s, ep_s, overlap, stall = (col[einv] for col in per_e)
     # No down projection to skip in an MoE block (``rerun_skip_time``): no TP collective either.
     parts = LayerParts(with_dispatch_sort(lt, sort_s), tp_c, tp_b, cp_c, ep_s, cp_b, overlap,
-                       stall, np.zeros(len(keys)))
+                       stall, np.zeros(len(keys)), op_rerun_tp(tp_c, cols.tp_scatter_share))
     return np.stack(part_columns(parts), axis=1)
 
 
