@@ -38,10 +38,10 @@ from paraplan.specs.training import TrainingSpec
 # whose profile has no attention figure of its own.
 FLASH_FWD_RELATIVE = 0.658 / 0.869
 FLASH_BWD_RELATIVE = 0.559 / 0.869
-# FlashAttention-1-class kernels' (forward, backward) time against FlashAttention-2's, by
-# implementation: the CUDA flash-attn 1.x at about twice (Dao 2023, abstract: "2x speedup";
-# sec. 4.1: 1.7-3.0x), the Triton one (flash_attn_triton.py) "around 1.3-1.5x" in the forward
-# (1.4, the range's middle) and "around 2x" in the backward (Dao 2023, sec. 4.1, A100).
+# FlashAttention-1-class kernels' (forward, backward) time against FlashAttention-2's at d = 128:
+# the CUDA flash-attn 1.x about twice (Dao 2023: "2x speedup"; its Fig. 4, fwd+bwd, 2.15-2.28x
+# at >= 1k tokens), the Triton one "around 1.3-1.5x" in the forward (1.4) and "around 2x" in
+# the backward (sec. 4.1, A100; Fig. 4's 2.2-2.4x would leave MPT's long rows ~20% too slow).
 FA1_SLOWDOWN = {"cuda": (2.0, 2.0), "triton": (1.4, 2.0)}
 KERNEL_OVERHEAD_S = 2e-6  # per-kernel ramp-up/tail and launch gap on a busy stream
 # cuBLAS/CUTLASS output tiles for large bf16 GEMMs on Ampere/Hopper; one per SM per wave, so a
