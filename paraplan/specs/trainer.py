@@ -360,7 +360,7 @@ def apply_trainer(trainer: TrainerSpec, training: TrainingSpec, plan: ParallelPl
     return trainer_training(trainer, training), plan.model_copy(update=p_update)
 
 
-def _rerun_skips_down_projection(runs: TrainerRuns, precision: str) -> bool:
+def _recompute_early_stop(runs: TrainerRuns, precision: str) -> bool:
     """``TrainingSpec.recompute_early_stop`` as the trainer runs ``precision``. Compiled blocks
     skip it whatever the checkpoint's early stop says: AOTAutograd's partitioner re-runs in
     the backward only the forward nodes the backward needs (torch/_functorch/partitioners.py,
@@ -381,7 +381,7 @@ def trainer_training(trainer: TrainerSpec, training: TrainingSpec) -> TrainingSp
              else training.precision in ("bf16", "fp8"),
              "dropout": runs.dropout, "tp_overlap": runs.tp_overlap,
              "tp_dgrad_overlap": runs.tp_dgrad_overlap,
-             "recompute_early_stop": _rerun_skips_down_projection(runs, training.precision),
+             "recompute_early_stop": _recompute_early_stop(runs, training.precision),
              "fp8_weight_cache": runs.fp8_weight_cache, "fp8_scaling": runs.fp8_scaling,
              "fp8_cast_kernels": runs.fp8_cast_kernels,
              "flash_attention_version": runs.flash_attention_version,

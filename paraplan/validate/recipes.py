@@ -210,10 +210,10 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         runs = (row["recipe_run"], row["best_run"])
     row["changed"] = changed_knobs(recipe.plan, best.plan, runs)
     peak, cap = best.memory_gb.get("peak", 0.0), best.extra.get("memory_capacity_gb")
-    row.update(recipe_peak_gib=recipe.memory_gb.get("peak"), best_peak_gib=peak,
-               memory_capacity_gib=cap,
+    recipe_peak = recipe.memory_gb.get("peak")
+    row.update(recipe_peak_gib=recipe_peak, best_peak_gib=peak, memory_capacity_gib=cap,
                tight=bool(cap and peak >= TIGHT_MEMORY_FRACTION * cap
-                          and peak > recipe.memory_gb.get("peak", 0.0)))
+                          and peak > (recipe_peak or 0.0)))
     return {**row, "status": "ok", "best": best.extra.get("plan_short", ""),
             "best_step_time_s": best.step_time_s, "rank": faster + 1,
             "recipe_in_space": in_space, "plans_ranked": ranked,

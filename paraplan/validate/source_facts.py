@@ -211,9 +211,8 @@ TORCHTITAN_GQA_WITHOUT_REPEAT_FROM = (2026, 2)
 # 'quantize.dense.float8' (8a2686c4a, #1763, 2025-09-30: 'quantize.linear.float8'), which the
 # tensor-parallel plan's check for a converter named 'float8' no longer finds; before it fp8
 # tensorwise runs applied torchao's Float8ColwiseParallel / Float8RowwiseParallel, whose
-# all-gathers carry fp8
-# (``TrainingSpec.fp8_tp_gather``; parallelize_llama.py at ba2469780, 2024-12-19, and
-# models/llama3/infra/parallelize.py at 2887250bb, 2025-06-16).
+# all-gathers carry fp8 (``TrainingSpec.fp8_tp_gather``; parallelize_llama.py at ba2469780,
+# 2024-12-19, and models/llama3/infra/parallelize.py at 2887250bb, 2025-06-16).
 TORCHTITAN_FP8_TP_GATHER_OFF_FROM = (2025, 10)
 ROW_DATE = re.compile(r"(20[12]\d)[-_]?(0[1-9]|1[0-2])")
 

@@ -53,7 +53,7 @@ def moe_parts(space: PlanSpace, dev: Device, keys: np.ndarray,
     """``[key, layer_compose.part_columns]`` (forward, backward, forward GEMMs, attention,
     elementwise, experts, TP, TP backward, CP, EP, CP backward, overlap share, host stall,
     the forward part a whole-layer re-run skips, the GEMMs op-level checkpointing re-runs, the
-    TP collective an early-stopping re-run skips) of
+    TP collective an early-stopping re-run skips, the TP traffic an op-level re-run issues) of
     an MoE layer for each row of ``keys`` (tp, cp, sp, mbs, zs, ep, etp), as
     ``layer.layer_parts`` gives it. Shared and routed parts are kept in ``space.memo`` (they
     read neither the MoE dispatcher nor its overlap), the all-to-alls by dispatcher."""
