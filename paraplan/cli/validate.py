@@ -158,13 +158,13 @@ def validate_recipes_cmd(
         return
     table = Table(title="tuned recipes vs the search (same model, GPUs, batch, sequence, trainer)",
                   title_justify="left")
-    for col in ("#", "model", "recipe", "search's #1", "rank", "gain", "why #1 is faster",
-                "knobs #1 changes"):
-        table.add_column(col, justify="right" if col in ("#", "rank", "gain") else "left",
-                         overflow="fold")
+    for col in ("#", "model", "recipe", "search's #1", "rank", "gain", "measured",
+                "why #1 is faster", "knobs #1 changes"):
+        table.add_column(col, justify="right" if col in ("#", "rank", "gain", "measured")
+                         else "left", overflow="fold")
     for r in result["rows"]:
         if r["status"] != "ok":
-            table.add_row(str(r["index"]), r["model"], r["recipe"], r["status"], "-", "-",
+            table.add_row(str(r["index"]), r["model"], r["recipe"], r["status"], "-", "-", "-",
                           r.get("reason", "")[:60], "-")
             continue
         why = ", ".join(f"{w['part'].replace('_comm', '')} {w['recipe_minus_best_s']:+.2f} s"
@@ -177,8 +177,11 @@ def validate_recipes_cmd(
         if "recipe_layers_per_stage" in r:  # its guessed layout priced at the DP's split
             recipe += " split=" + "/".join(str(n) for n in r["recipe_layers_per_stage"])
         gain = f"{r['gain']:.3f}" + ("m" if r["tight"] else "")
+        twin = r.get("measured_twin")
+        measured = "-" if twin is None else (f"{twin['measured_gain']:.3f} #{twin['index']}"
+                                             + ("~" if twin["kind"] != "exact" else ""))
         table.add_row(str(r["index"]), r["model"], recipe, best, rank,
-                      gain, why or "-", ", ".join(r["changed"]) or "-")
+                      gain, measured, why or "-", ", ".join(r["changed"]) or "-")
     console().print(table)
     if result["n"]:
         console().print(f"{result['n']} recipes: median predicted gain of #1 "
@@ -191,6 +194,19 @@ def validate_recipes_cmd(
                         "more memory than the recipe and is within 10% of the GPU's memory, "
                         "the memory model's error on measured runs: "
                         f"{result['tight_beyond_5pct']} of the claims beyond 5%.")
+        twins, pairs = result["measured_twins"], result["pair_order"]
+        console().print(
+            f"measured = #1's gain implied by its source's own measurement of #1's plan "
+            f"(#row, at any GPU count) or of #1's plan with the nearest micro-batch size "
+            f"(~): of the {twins['claims']} claims beyond 5%, {twins['checked']} have one "
+            f"({twins['exact']} exact); it confirms {twins['confirmed']} beyond 5% and not "
+            f"{twins['not_confirmed']}.")
+        if pairs["pairs"]:
+            console().print(
+                f"plans the sources measured in the same setting: the model orders "
+                f"{pairs['agree']} of {pairs['decisive']} pairs measured more than 2% apart "
+                f"as measured ({pairs['pairs']} pairs; median error on their ratio "
+                f"{pairs['median_ratio_error_pct']:.1f}%).")
         if result["changed_beyond_5pct"]:
             console().print("knobs #1 changes where it claims more than 5%: " + ", ".join(
                 f"{k} {n}x" for k, n in result["changed_beyond_5pct"].items()))

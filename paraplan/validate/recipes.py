@@ -27,6 +27,7 @@ gain points at a cost the model leaves out (or at a recipe that really is slow).
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,7 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import TrainerSpec, trainer_training
 from paraplan.validate.published import DATA_DIR, PublishedCase, load_published_throughput
 from paraplan.validate.rows import LAYOUT_GUESSED
+from paraplan.validate.twins import attach_twins, pair_order
 
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc")
 """The space columns that name a plan (``PlanSpace``; ``m`` and ``uneven`` follow from them)."""
@@ -69,6 +71,30 @@ KNOB_FIELDS = (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
                ("virtual_stages", "vpp"), ("recompute", "recompute"))
 """(``StepReport.plan`` key, name in ``changed``) of the knobs a search sets (dp follows from
 the GPU count and the other degrees)."""
+
+
+def knobs(plan: dict[str, Any], run: str | None = None) -> dict[str, Any]:
+    """A plan's knobs by their ``changed`` names (``StepReport.plan``; dp left out), with the
+    MoE run label as ``moe`` where there is one."""
+    out = {name: plan.get(key) for key, name in KNOB_FIELDS}
+    if run is not None:
+        out["moe"] = run
+    return out
+
+
+def setting_key(case: PublishedCase) -> str:
+    """What two rows must share for their measured ratio to compare plans alone: source,
+    model, GPU, trainer and every ``TrainingSpec`` field but the global batch (``twins``)."""
+    training = case.training.model_dump(mode="json", exclude={"global_batch_size",
+                                                              "tokens_to_train"})
+    return json.dumps([case.source_id, case.model_name, case.cluster.gpu.name, case.framework,
+                       training], sort_keys=True)
+
+
+def _tokens_per_gpu_s(case: PublishedCase, step_s: float | None) -> float | None:
+    if not step_s or step_s <= 0:
+        return None
+    return case.training.global_batch_size * case.training.seq_len / step_s / case.num_gpus
 
 
 def changed_knobs(recipe: dict[str, Any], best: dict[str, Any],
@@ -151,6 +177,9 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         recipe = laid_out
         row["recipe_layers_per_stage"] = list(recipe.plan["layers_per_stage"])
     row["recipe_step_time_s"] = recipe.step_time_s
+    row["measured_step_time_s"] = case.measured_step_time_s
+    row["measured_tokens_per_gpu_s"] = _tokens_per_gpu_s(case, case.measured_step_time_s)
+    row["predicted_tokens_per_gpu_s"] = _tokens_per_gpu_s(case, recipe.step_time_s)
     row["recipe_fits"] = recipe.feasible
     if not recipe.feasible:
         row["note"] = "; ".join(recipe.reasons)
@@ -209,6 +238,8 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         row["best_run"] = run_label(best.extra)
         runs = (row["recipe_run"], row["best_run"])
     row["changed"] = changed_knobs(recipe.plan, best.plan, runs)
+    row["recipe_knobs"] = knobs(recipe.plan, runs[0] if runs else None)
+    row["best_knobs"] = knobs(best.plan, runs[1] if runs else None)
     peak, cap = best.memory_gb.get("peak", 0.0), best.extra.get("memory_capacity_gb")
     recipe_peak = recipe.memory_gb.get("peak")
     row.update(recipe_peak_gib=recipe_peak, best_peak_gib=peak, memory_capacity_gib=cap,
@@ -223,8 +254,10 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
 
 def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Check every recipe row of ``sources``; summary over the rows that ran."""
+    """Check every recipe row of ``sources``; summary over the rows that ran, with the
+    measured checks of ``twins`` (``measured_twins``, ``pair_order``)."""
     cases = recipe_cases(sources)
+    settings = {c.index: setting_key(c) for c in cases}
     rows = []
     for i, case in enumerate(cases, start=1):
         rows.append(check_recipe(case))
@@ -254,4 +287,6 @@ def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
         "ranked_first": sum(r["rank"] == 1 for r in ok),
         "within_5pct": sum(g <= 1.05 for g in gains),
         "tight_beyond_5pct": tight,
+        "measured_twins": attach_twins(rows, settings),
+        "pair_order": pair_order(rows, settings),
     }

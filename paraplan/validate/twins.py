@@ -1,0 +1,140 @@
+"""Measured checks of the search's claims and of its ranking, from the recipes' own sources.
+
+A recipe's source often measured other plans of the same model on the same GPUs and software:
+MPT's tables sweep the micro-batch size, recomputation and GPU count; torchtitan's switch
+activation checkpointing on and off. Two measured rows of one source, model, GPU, trainer and
+training setup (every ``TrainingSpec`` field but the global batch: precision, sequence length,
+kernels, the trainer's run facts) differ only in their plans and GPU counts, so the ratio of
+their measured tokens/s per GPU is a measured answer to "how much faster is this plan than
+that one", against which the model's ratio for the same two rows can be held. Two checks come
+of it, both over ``validate-recipes`` rows:
+
+- ``attach_twins``: for a recipe the search's #1 beats, the source's measurement of #1's own
+  plan (``exact``: every knob equal, the GPU count may differ) or, failing that, of the plan
+  that differs from #1 only in its micro-batch size (``mbs``: the nearest size, within a
+  factor of ``MBS_FACTOR``), and the gain
+  of #1 that this measurement implies: the predicted gain times the twin's measured over
+  predicted ratio to the recipe, i.e. the model's own error on that very comparison taken out
+  (for an exact twin at the recipe's GPU count it is the measured ratio itself).
+- ``pair_order``: over every two rows of one setting whose plans differ, how often the model
+  orders them as measured (pairs measured within ``TIE_FRACTION`` of each other are ties and
+  not counted) and its median error on their throughput ratio. This is the accuracy a searcher
+  relies on: it only ever compares plans.
+
+Pure functions of the rows (``recipes.check_recipe``'s dicts: ``index``, ``status``,
+``num_gpus``, ``gain``, ``recipe``, ``recipe_knobs``, ``best_knobs``,
+``measured_tokens_per_gpu_s``, ``predicted_tokens_per_gpu_s``) and a setting key per row index.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Hashable, Mapping
+from itertools import combinations
+from typing import Any
+
+TIE_FRACTION = 0.02
+"""Two measured rows whose throughputs differ by less than this are a tie for ``pair_order``:
+run-to-run noise of the published tables (MPT's large-scale sweep repeats one plan at three GPU
+counts within 1-5%) is of this order."""
+CLAIM_FRACTION = 0.05
+"""A gain of #1 over a recipe beyond this is a claim ``attach_twins`` counts (the 5% of
+``validate-recipes``)."""
+MBS_KNOB = "mbs"
+MBS_FACTOR = 2.0
+"""An ``mbs`` twin's micro-batch size is within this factor of #1's: further off, it measures
+another regime (GEMM sizes, memory) rather than #1's plan."""
+
+
+def _ok(row: Mapping[str, Any]) -> bool:
+    return row.get("status") == "ok" and row.get("measured_tokens_per_gpu_s") is not None
+
+
+def _without_mbs(knobs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in knobs.items() if k != MBS_KNOB}
+
+
+def _log_gap(a: float, b: float) -> float:
+    return abs(math.log(a / b))
+
+
+def find_twin(row: Mapping[str, Any], rows: list[Mapping[str, Any]],
+              settings: Mapping[int, Hashable]) -> dict[str, Any] | None:
+    """The measured row of ``row``'s setting that ran the search's #1 plan (``exact``) or, if
+    none did, #1's plan with another micro-batch size (``mbs``: the nearest size, within
+    ``MBS_FACTOR``), the nearest
+    GPU count first among equals; with the ratios and the implied gain (module docstring).
+    None where ``row`` is not a claim (#1 = the recipe's knobs) or nothing matches."""
+    if not _ok(row) or row["best_knobs"] == row["recipe_knobs"]:
+        return None
+    key = settings.get(row["index"])
+    # The recipe's own plan measured at another GPU count says nothing about #1's.
+    peers = [s for s in rows if _ok(s) and s["index"] != row["index"]
+             and settings.get(s["index"]) == key and s["recipe_knobs"] != row["recipe_knobs"]]
+    best = row["best_knobs"]
+    kind, found = "exact", [s for s in peers if s["recipe_knobs"] == best]
+    if not found:
+        kind = MBS_KNOB
+        found = [s for s in peers if _without_mbs(s["recipe_knobs"]) == _without_mbs(best)
+                 and _log_gap(s["recipe_knobs"][MBS_KNOB], best[MBS_KNOB])
+                 <= math.log(MBS_FACTOR) + 1e-12]
+    if not found:
+        return None
+    twin = min(found, key=lambda s: (_log_gap(s["recipe_knobs"][MBS_KNOB], best[MBS_KNOB]),
+                                     _log_gap(s["num_gpus"], row["num_gpus"]), s["index"]))
+    measured = twin["measured_tokens_per_gpu_s"] / row["measured_tokens_per_gpu_s"]
+    predicted = twin["predicted_tokens_per_gpu_s"] / row["predicted_tokens_per_gpu_s"]
+    return {"index": twin["index"], "kind": kind, "plan": twin["recipe"],
+            "num_gpus": twin["num_gpus"], "measured_ratio": measured,
+            "predicted_ratio": predicted, "measured_gain": row["gain"] * measured / predicted}
+
+
+def attach_twins(rows: list[dict[str, Any]], settings: Mapping[int, Hashable]
+                 ) -> dict[str, Any]:
+    """Set ``measured_twin`` (``find_twin``, or None) on every row; summary over the claims
+    beyond ``CLAIM_FRACTION``: how many have a twin (``checked``; ``exact`` of them), and of
+    those how many the measurement confirms beyond 5% or not."""
+    for row in rows:
+        if row.get("status") == "ok":
+            row["measured_twin"] = find_twin(row, rows, settings)
+    claims = [r for r in rows if r.get("status") == "ok" and r["gain"] > 1 + CLAIM_FRACTION]
+    checked = [r for r in claims if r["measured_twin"] is not None]
+    confirmed = [r for r in checked
+                 if r["measured_twin"]["measured_gain"] > 1 + CLAIM_FRACTION]
+    return {"claims": len(claims), "checked": len(checked),
+            "exact": sum(r["measured_twin"]["kind"] == "exact" for r in checked),
+            "confirmed": len(confirmed), "not_confirmed": len(checked) - len(confirmed),
+            "not_confirmed_rows": [r["index"] for r in checked if r not in confirmed]}
+
+
+def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable]
+               ) -> dict[str, Any]:
+    """Every two ok rows of one setting whose knobs differ: ``pairs``; ``decisive`` (measured
+    apart by more than ``TIE_FRACTION``), ``agree`` (of those, the model's faster one is the
+    measured faster one), ``median_ratio_error_pct`` (over all pairs, |predicted / measured
+    throughput ratio - 1|), and the disagreeing pairs (index, index)."""
+    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if _ok(row) and row["index"] in settings:
+            groups.setdefault(settings[row["index"]], []).append(row)
+    pairs = decisive = agree = 0
+    errors: list[float] = []
+    wrong: list[tuple[int, int]] = []
+    for members in groups.values():
+        for a, b in combinations(sorted(members, key=lambda r: r["index"]), 2):
+            if a["recipe_knobs"] == b["recipe_knobs"]:
+                continue
+            measured = a["measured_tokens_per_gpu_s"] / b["measured_tokens_per_gpu_s"]
+            predicted = a["predicted_tokens_per_gpu_s"] / b["predicted_tokens_per_gpu_s"]
+            pairs += 1
+            errors.append(abs(predicted / measured - 1.0))
+            if _log_gap(measured, 1.0) > math.log1p(TIE_FRACTION):
+                decisive += 1
+                if (predicted > 1.0) == (measured > 1.0):
+                    agree += 1
+                else:
+                    wrong.append((a["index"], b["index"]))
+    return {"pairs": pairs, "decisive": decisive, "agree": agree,
+            "median_ratio_error_pct": 100.0 * statistics.median(errors) if errors else None,
+            "disagree": wrong}

@@ -1,0 +1,134 @@
+"""validate-recipes' measured checks (validate/twins.py): #1's plan as its source measured it,
+and how often the model orders two measured plans of one setting as measured."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+
+from paraplan.validate.published import DEFAULT_THROUGHPUT_CSV
+from paraplan.validate.twins import attach_twins, find_twin, pair_order
+
+
+def _knobs(mbs: int, rc: str = "full", zero: int = 3) -> dict:
+    return {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "zero": zero,
+            "mbs": mbs, "schedule": "1f1b", "vpp": 1, "recompute": rc}
+
+
+def _row(index: int, gpus: int, knobs: dict, measured: float, predicted: float,
+         best: dict | None = None, gain: float = 1.0) -> dict:
+    return {"index": index, "status": "ok", "num_gpus": gpus, "recipe": f"row {index}",
+            "recipe_knobs": knobs, "best_knobs": best or knobs, "gain": gain,
+            "measured_tokens_per_gpu_s": measured, "predicted_tokens_per_gpu_s": predicted}
+
+
+def test_twin_by_hand_prefers_the_exact_plan_then_the_nearest_gpu_count():
+    # The recipe (rc, mbs=2, 32 GPUs) measured 900 tok/s/GPU, predicted 1000; the search's #1
+    # is (rc, mbs=8) and claims 1.20x. The source measured mbs=8 at 64 and 512 GPUs and the
+    # no-rc mbs=8 plan at 32 (another plan: not a twin).
+    claim = _row(1, 32, _knobs(2), 900.0, 1000.0, best=_knobs(8), gain=1.20)
+    near = _row(2, 64, _knobs(8), 1080.0, 1150.0)
+    far = _row(3, 512, _knobs(8), 1000.0, 1100.0)
+    other = _row(4, 32, _knobs(8, rc="none"), 2000.0, 1000.0)
+    rows = [claim, near, far, other]
+    settings = {1: "a", 2: "a", 3: "a", 4: "a"}
+    twin = find_twin(claim, rows, settings)
+    assert twin["index"] == 2 and twin["kind"] == "exact" and twin["num_gpus"] == 64
+    # measured 1080 / 900 = 1.2; predicted 1150 / 1000 = 1.15; implied gain 1.2 x 1.2 / 1.15.
+    assert twin["measured_ratio"] == pytest.approx(1.2)
+    assert twin["predicted_ratio"] == pytest.approx(1.15)
+    assert twin["measured_gain"] == pytest.approx(1.2 * 1.2 / 1.15)
+    # Another setting (say another sequence length) is never a twin.
+    assert find_twin(claim, rows, {1: "a", 2: "b", 3: "b", 4: "a"}) is None
+    # A recipe #1 does not change has nothing to check.
+    assert find_twin(near, rows, settings) is None
+
+
+def test_mbs_twin_only_without_an_exact_one_and_within_a_factor_of_two():
+    claim = _row(1, 128, _knobs(16), 5080.0, 5280.0, best=_knobs(4, rc="none"), gain=1.11)
+    two = _row(2, 64, _knobs(2, rc="none"), 4800.0, 5330.0)
+    one = _row(3, 64, _knobs(1, rc="none"), 4000.0, 4000.0)  # a factor of 4 off: never
+    settings = {1: "s", 2: "s", 3: "s"}
+    twin = find_twin(claim, [claim, two, one], settings)
+    assert twin["index"] == 2 and twin["kind"] == "mbs"
+    assert twin["measured_gain"] == pytest.approx(1.11 * (4800 / 5080) / (5330 / 5280))
+    assert find_twin(claim, [claim, one], settings) is None
+    # The recipe's own plan at another GPU count is not #1's, even within the mbs factor:
+    # #1 = (rc, mbs=2) for a (rc, mbs=1) recipe; the source measured (rc, mbs=1) at 64 GPUs.
+    small = _row(5, 128, _knobs(1), 100.0, 100.0, best=_knobs(2), gain=1.06)
+    itself = _row(6, 64, _knobs(1), 101.0, 100.0)
+    assert find_twin(small, [small, itself], {5: "s", 6: "s"}) is None
+    exact = _row(4, 512, _knobs(4, rc="none"), 5000.0, 5200.0)
+    assert find_twin(claim, [claim, two, exact], {**settings, 4: "s"})["index"] == 4
+
+
+def test_attach_counts_claims_beyond_five_percent():
+    claim = _row(1, 32, _knobs(2), 900.0, 1000.0, best=_knobs(8), gain=1.20)
+    small = _row(5, 32, _knobs(4), 950.0, 1000.0, best=_knobs(8), gain=1.03)  # not a claim
+    refuted = _row(6, 16, _knobs(1), 1000.0, 1000.0, best=_knobs(16), gain=1.10)
+    twin = _row(2, 64, _knobs(8), 1080.0, 1150.0)
+    twin16 = _row(7, 16, _knobs(16), 900.0, 1100.0)  # measured slower than the recipe
+    rows = [claim, small, refuted, twin, twin16]
+    out = attach_twins(rows, {r["index"]: "x" for r in rows})
+    assert out == {"claims": 2, "checked": 2, "exact": 2, "confirmed": 1, "not_confirmed": 1,
+                   "not_confirmed_rows": [6]}
+    assert refuted["measured_twin"]["measured_gain"] == pytest.approx(1.10 * 0.9 / 1.1)
+    assert twin["measured_twin"] is None
+
+
+def test_pair_order_by_hand():
+    a = _row(1, 8, _knobs(2), 1000.0, 1100.0)
+    b = _row(2, 8, _knobs(4), 1100.0, 1000.0)   # measured faster, predicted slower: disagree
+    c = _row(3, 8, _knobs(8), 1010.0, 1200.0)   # within 2% of a: a tie, not decisive
+    d = _row(4, 64, _knobs(2), 990.0, 1090.0)   # a's knobs at another GPU count: no pair
+    e = _row(5, 8, _knobs(2, rc="none"), 500.0, 500.0)  # another setting
+    out = pair_order([a, b, c, d, e], {1: "s", 2: "s", 3: "s", 4: "s", 5: "t"})
+    # Pairs: (1,2) (1,3) (2,3) (2,4) (3,4) = 5 ((1,4) share their knobs). Decisive: all but
+    # (1,3) (1000 / 1010: a tie); (3,4) is 1010 / 990 = 1.0202, just past 2%, and agrees.
+    measured = {(1, 2): 1000 / 1100, (1, 3): 1000 / 1010, (2, 3): 1100 / 1010,
+                (2, 4): 1100 / 990, (3, 4): 1010 / 990}
+    predicted = {(1, 2): 1100 / 1000, (1, 3): 1100 / 1200, (2, 3): 1000 / 1200,
+                 (2, 4): 1000 / 1090, (3, 4): 1200 / 1090}
+    decisive = [k for k, m in measured.items() if abs(math.log(m)) > math.log(1.02)]
+    agree = [k for k in decisive if (predicted[k] > 1) == (measured[k] > 1)]
+    assert out["pairs"] == 5 and out["decisive"] == len(decisive) == 4
+    assert out["agree"] == len(agree) == 1 and out["disagree"] == [(1, 2), (2, 3), (2, 4)]
+    errors = sorted(abs(predicted[k] / measured[k] - 1) for k in measured)
+    assert out["median_ratio_error_pct"] == pytest.approx(100 * errors[2])
+
+
+def _measured_tokens_per_gpu(index: int) -> float:
+    with open(DEFAULT_THROUGHPUT_CSV, newline="") as fh:
+        row = list(csv.DictReader(fh))[index]
+    assert row["measured_metric"] == "tokens_per_s_per_gpu"
+    return float(row["measured_value"])
+
+
+def test_mpt_70b_claim_is_checked_against_the_table_s_own_row():
+    """MPT's H100 table ran MPT-70b with recomputation at mbs=2 on 32 GPUs (row 78) and at
+    mbs=8 on 64 (row 77). The search's #1 for row 78 is mbs=8: row 77 is its exact twin, and
+    the measured ratio is the table's 1039 / 882 tokens/s/GPU."""
+    from paraplan.validate.recipes import check_recipe, recipe_cases, setting_key
+
+    cases = {c.index: c for c in recipe_cases(("mosaicml_llmfoundry_mpt",))}
+    rows = [check_recipe(cases[i]) for i in (77, 78)]
+    settings = {i: setting_key(cases[i]) for i in (77, 78)}
+    assert settings[77] == settings[78]
+    summary = attach_twins(rows, settings)
+    claim = rows[1]
+    assert claim["gain"] > 1.05 and claim["best_knobs"]["mbs"] == 8
+    twin = claim["measured_twin"]
+    assert twin["index"] == 77 and twin["kind"] == "exact" and twin["num_gpus"] == 64
+    measured = _measured_tokens_per_gpu(77) / _measured_tokens_per_gpu(78)
+    assert measured == pytest.approx(1039 / 882)
+    assert twin["measured_ratio"] == pytest.approx(measured, rel=1e-3)
+    assert twin["predicted_ratio"] == pytest.approx(
+        rows[0]["predicted_tokens_per_gpu_s"] / claim["predicted_tokens_per_gpu_s"])
+    assert twin["measured_gain"] == pytest.approx(
+        claim["gain"] * twin["measured_ratio"] / twin["predicted_ratio"])
+    assert summary["checked"] == 1 and summary["confirmed"] == 1
+    # Its row of the recipe table: measured and predicted throughput per GPU.
+    assert claim["measured_tokens_per_gpu_s"] == pytest.approx(882, rel=1e-3)
+    assert claim["predicted_tokens_per_gpu_s"] > 0
