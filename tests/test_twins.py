@@ -132,3 +132,19 @@ def test_mpt_70b_claim_is_checked_against_the_table_s_own_row():
     # Its row of the recipe table: measured and predicted throughput per GPU.
     assert claim["measured_tokens_per_gpu_s"] == pytest.approx(882, rel=1e-3)
     assert claim["predicted_tokens_per_gpu_s"] > 0
+
+
+def test_validate_published_pairs_are_all_ordered_right_by_a_uniformly_slow_predictor():
+    """A predictor 10% slow on every row keeps every measured pair's ratio: all decisive pairs
+    agree, with no error on their ratios; the counts are those of the bundled data (MPT's
+    sweeps, torchtitan's AC switches, Korthikanti's recomputation rows, DT-FM's grid)."""
+    from paraplan.validate.report import validate_published
+
+    out = validate_published(None, lambda c: (c.measured_step_time_s * 1.1, None, True))
+    pairs = out["pair_order"]
+    assert pairs["pairs"] >= 300 and pairs["decisive"] >= 250
+    assert pairs["agree"] == pairs["decisive"] and pairs["disagree"] == []
+    assert pairs["median_ratio_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert {"mosaicml_llmfoundry_mpt", "torchtitan", "korthikanti2022"} <= set(
+        pairs["by_source"])
+    assert sum(s["pairs"] for s in pairs["by_source"].values()) == pairs["pairs"]

@@ -122,6 +122,14 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
                       f"{result['n_too_fast']}/{result['n_predicted']}",
                       f"coverage {result.get('coverage_pct', 0):.0f}%")
         out.print(table)
+    pairs = result.get("pair_order")  # throughput rows only
+    if pairs and pairs["pairs"]:
+        out.print("plans a source measured in one setting (model, cluster, trainer, training "
+                  "but the batch): the model orders " + f"{pairs['agree']} of "
+                  f"{pairs['decisive']} pairs measured more than 2% apart as measured ("
+                  + ", ".join(f"{src} {info['agree']}/{info['decisive']}"
+                              for src, info in pairs["by_source"].items())
+                  + f"); median error on a pair's ratio {pairs['median_ratio_error_pct']:.1f}%")
     skipped = [r for r in result["rows"] if r["status"] != "ok"]
     if skipped:
         out.print(f"{len(skipped)} rows not predicted:")

@@ -27,7 +27,6 @@ gain points at a cost the model leaves out (or at a recipe that really is slow).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -55,7 +54,14 @@ from paraplan.specs.plan import ParallelPlan
 from paraplan.specs.trainer import TrainerSpec, trainer_training
 from paraplan.validate.published import DATA_DIR, PublishedCase, load_published_throughput
 from paraplan.validate.rows import LAYOUT_GUESSED
-from paraplan.validate.twins import attach_twins, pair_order
+from paraplan.validate.twins import (
+    KNOB_FIELDS,
+    attach_twins,
+    knobs,
+    pair_order,
+    setting_key,
+    tokens_per_gpu_s,
+)
 
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "mbs", "sched", "v", "rc")
 """The space columns that name a plan (``PlanSpace``; ``m`` and ``uneven`` follow from them)."""
@@ -63,38 +69,6 @@ RECIPE_SOURCES = ("dgxc_nemo_h100", "megatron_bridge_moe", "megatron_bridge_moe_
                   "megatron_bridge_dense", "torchtitan", "mosaicml_llmfoundry_mpt")
 """Sources whose rows are tuned benchmark recipes (sources.md, holdout/SOURCES.md,
 moe_sources.md, dense_sources.md)."""
-
-
-KNOB_FIELDS = (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
-               ("etp", "etp"), ("sequence_parallel", "sp"), ("zero_stage", "zero"),
-               ("micro_batch_size", "mbs"), ("schedule", "schedule"),
-               ("virtual_stages", "vpp"), ("recompute", "recompute"))
-"""(``StepReport.plan`` key, name in ``changed``) of the knobs a search sets (dp follows from
-the GPU count and the other degrees)."""
-
-
-def knobs(plan: dict[str, Any], run: str | None = None) -> dict[str, Any]:
-    """A plan's knobs by their ``changed`` names (``StepReport.plan``; dp left out), with the
-    MoE run label as ``moe`` where there is one."""
-    out = {name: plan.get(key) for key, name in KNOB_FIELDS}
-    if run is not None:
-        out["moe"] = run
-    return out
-
-
-def setting_key(case: PublishedCase) -> str:
-    """What two rows must share for their measured ratio to compare plans alone: source,
-    model, GPU, trainer and every ``TrainingSpec`` field but the global batch (``twins``)."""
-    training = case.training.model_dump(mode="json", exclude={"global_batch_size",
-                                                              "tokens_to_train"})
-    return json.dumps([case.source_id, case.model_name, case.cluster.gpu.name, case.framework,
-                       training], sort_keys=True)
-
-
-def _tokens_per_gpu_s(case: PublishedCase, step_s: float | None) -> float | None:
-    if not step_s or step_s <= 0:
-        return None
-    return case.training.global_batch_size * case.training.seq_len / step_s / case.num_gpus
 
 
 def changed_knobs(recipe: dict[str, Any], best: dict[str, Any],
@@ -178,8 +152,8 @@ def check_recipe(case: PublishedCase) -> dict[str, Any]:
         row["recipe_layers_per_stage"] = list(recipe.plan["layers_per_stage"])
     row["recipe_step_time_s"] = recipe.step_time_s
     row["measured_step_time_s"] = case.measured_step_time_s
-    row["measured_tokens_per_gpu_s"] = _tokens_per_gpu_s(case, case.measured_step_time_s)
-    row["predicted_tokens_per_gpu_s"] = _tokens_per_gpu_s(case, recipe.step_time_s)
+    row["measured_tokens_per_gpu_s"] = tokens_per_gpu_s(case, case.measured_step_time_s)
+    row["predicted_tokens_per_gpu_s"] = tokens_per_gpu_s(case, recipe.step_time_s)
     row["recipe_fits"] = recipe.feasible
     if not recipe.feasible:
         row["note"] = "; ".join(recipe.reasons)

@@ -21,6 +21,7 @@ from paraplan.validate.published import (
     load_published_memory,
     load_published_throughput,
 )
+from paraplan.validate.twins import knobs, pair_order, setting_key, tokens_per_gpu_s
 
 Prediction = tuple[float | None, str | None, bool]
 
@@ -127,7 +128,7 @@ def validate_published(path: str | Path | None,
     convention-free figure (for a tokens/s row the error on tokens/s would be
     -error / (1 + error)). MAPE is over rows with status "ok" only.
     """
-    rows = []
+    rows, cases = [], []
     for case in load_published_throughput(path):
         row = _row(case, measured_step_time_s=case.measured_step_time_s,
                    predicted_step_time_s=None)
@@ -140,7 +141,33 @@ def validate_published(path: str | Path | None,
                     row["predicted"] = metric_from_step_time(case.source_id, case.metric, step,
                                                              case.shape)
         rows.append(row)
-    return _summary(rows, "step_time_s")
+        if row["status"] == "ok":
+            cases.append(case)
+    return {**_summary(rows, "step_time_s"), "pair_order": _pair_order(cases, rows)}
+
+
+def _pair_order(cases: list[PublishedCase], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``twins.pair_order`` over the predicted rows (every two measured plans of one setting:
+    does the model order them as measured?), overall and per source."""
+    predicted = {r["index"]: r["predicted_step_time_s"] for r in rows if r["status"] == "ok"}
+    pairs, settings, source = [], {}, {}
+    for case in cases:
+        if case.plan is None or case.cluster is None or not case.num_gpus:
+            continue
+        settings[case.index], source[case.index] = setting_key(case), case.source_id
+        pairs.append({"index": case.index, "status": "ok",
+                      "knobs": knobs(case.plan.model_dump()),
+                      "measured_tokens_per_gpu_s": tokens_per_gpu_s(
+                          case, case.measured_step_time_s),
+                      "predicted_tokens_per_gpu_s": tokens_per_gpu_s(
+                          case, predicted[case.index])})
+    out = pair_order(pairs, settings, "knobs")
+    by_source = {}
+    for src in dict.fromkeys(source.values()):
+        mine = pair_order([p for p in pairs if source[p["index"]] == src], settings, "knobs")
+        if mine["pairs"]:
+            by_source[src] = {k: v for k, v in mine.items() if k != "disagree"}
+    return {**out, "by_source": by_source}
 
 
 def validate_memory(path: str | Path | None,

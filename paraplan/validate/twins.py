@@ -28,11 +28,15 @@ Pure functions of the rows (``recipes.check_recipe``'s dicts: ``index``, ``statu
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Hashable, Mapping
 from itertools import combinations
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from paraplan.validate.published import PublishedCase
 
 TIE_FRACTION = 0.02
 """Two measured rows whose throughputs differ by less than this are a tie for ``pair_order``:
@@ -45,6 +49,44 @@ MBS_KNOB = "mbs"
 MBS_FACTOR = 2.0
 """An ``mbs`` twin's micro-batch size is within this factor of #1's: further off, it measures
 another regime (GEMM sizes, memory) rather than #1's plan."""
+
+
+KNOB_FIELDS = (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
+               ("etp", "etp"), ("sequence_parallel", "sp"), ("zero_stage", "zero"),
+               ("micro_batch_size", "mbs"), ("schedule", "schedule"),
+               ("virtual_stages", "vpp"), ("recompute", "recompute"))
+"""(``ParallelPlan`` / ``StepReport.plan`` key, short name) of the knobs a search sets (dp
+follows from the GPU count and the other degrees)."""
+
+
+def knobs(plan: Mapping[str, Any], run: str | None = None) -> dict[str, Any]:
+    """A plan's knobs by their short names (a ``ParallelPlan.model_dump()`` or
+    ``StepReport.plan``; dp left out), with the MoE run label as ``moe`` where there is one."""
+    out = {name: plan.get(key) for key, name in KNOB_FIELDS}
+    if run is not None:
+        out["moe"] = run
+    return out
+
+
+def setting_key(case: PublishedCase) -> str:
+    """What two rows must share for their measured ratio to compare plans alone: source,
+    model, trainer, the cluster but for its node counts (GPU, links, NICs, regions) and every
+    ``TrainingSpec`` field but the global batch."""
+    training = case.training.model_dump(mode="json", exclude={"global_batch_size",
+                                                              "tokens_to_train"})
+    cluster = case.cluster.model_dump(mode="json")
+    for group in cluster["node_groups"]:
+        group.pop("num_nodes", None)
+    return json.dumps([case.source_id, case.model_name, case.framework, cluster, training],
+                      sort_keys=True)
+
+
+def tokens_per_gpu_s(case: PublishedCase, step_s: float | None) -> float | None:
+    """Tokens per second per GPU of ``case`` at ``step_s`` seconds per step (None without a
+    positive step)."""
+    if not step_s or step_s <= 0 or not math.isfinite(step_s):
+        return None
+    return case.training.global_batch_size * case.training.seq_len / step_s / case.num_gpus
 
 
 def _ok(row: Mapping[str, Any]) -> bool:
@@ -108,12 +150,13 @@ def attach_twins(rows: list[dict[str, Any]], settings: Mapping[int, Hashable]
             "not_confirmed_rows": [r["index"] for r in checked if r not in confirmed]}
 
 
-def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable]
-               ) -> dict[str, Any]:
-    """Every two ok rows of one setting whose knobs differ: ``pairs``; ``decisive`` (measured
-    apart by more than ``TIE_FRACTION``), ``agree`` (of those, the model's faster one is the
-    measured faster one), ``median_ratio_error_pct`` (over all pairs, |predicted / measured
-    throughput ratio - 1|), and the disagreeing pairs (index, index)."""
+def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
+               knobs_key: str = "recipe_knobs") -> dict[str, Any]:
+    """Every two ok rows of one setting whose knobs (``row[knobs_key]``) differ: ``pairs``;
+    ``decisive`` (measured apart by more than ``TIE_FRACTION``), ``agree`` (of those, the
+    model's faster one is the measured faster one), ``median_ratio_error_pct`` (over all
+    pairs, |predicted / measured throughput ratio - 1|), and the disagreeing pairs (index,
+    index)."""
     groups: dict[Hashable, list[Mapping[str, Any]]] = {}
     for row in rows:
         if _ok(row) and row["index"] in settings:
@@ -123,7 +166,7 @@ def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable]
     wrong: list[tuple[int, int]] = []
     for members in groups.values():
         for a, b in combinations(sorted(members, key=lambda r: r["index"]), 2):
-            if a["recipe_knobs"] == b["recipe_knobs"]:
+            if a[knobs_key] == b[knobs_key]:
                 continue
             measured = a["measured_tokens_per_gpu_s"] / b["measured_tokens_per_gpu_s"]
             predicted = a["predicted_tokens_per_gpu_s"] / b["predicted_tokens_per_gpu_s"]
