@@ -57,6 +57,7 @@ from paraplan.validate.rows import LAYOUT_GUESSED
 from paraplan.validate.twins import (
     KNOB_FIELDS,
     attach_twins,
+    knob_value,
     knobs,
     pair_order,
     setting_key,
@@ -75,8 +76,8 @@ def changed_knobs(recipe: dict[str, Any], best: dict[str, Any],
                   runs: tuple[str, str] | None = None) -> list[str]:
     """The knobs #1 sets differently from the recipe, as ``name old -> new`` (plan dicts of
     ``StepReport.plan``; ``runs``: the recipe's and #1's MoE run labels, if any)."""
-    out = [f"{name} {recipe.get(key)} -> {best.get(key)}" for key, name in KNOB_FIELDS
-           if recipe.get(key) != best.get(key)]
+    out = [f"{name} {knob_value(recipe, key)} -> {knob_value(best, key)}"
+           for key, name in KNOB_FIELDS if knob_value(recipe, key) != knob_value(best, key)]
     if runs is not None and runs[0] != runs[1]:
         out.append(f"moe {runs[0]} -> {runs[1]}")
     return out

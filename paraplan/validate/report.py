@@ -21,7 +21,7 @@ from paraplan.validate.published import (
     load_published_memory,
     load_published_throughput,
 )
-from paraplan.validate.twins import knobs, pair_order, setting_key, tokens_per_gpu_s
+from paraplan.validate.twins import case_knobs, pair_order, setting_key, tokens_per_gpu_s
 
 Prediction = tuple[float | None, str | None, bool]
 
@@ -152,17 +152,18 @@ def _pair_order(cases: list[PublishedCase], rows: list[dict[str, Any]]) -> dict[
     predicted = {r["index"]: r["predicted_step_time_s"] for r in rows if r["status"] == "ok"}
     pairs, settings, source = [], {}, {}
     for case in cases:
-        if case.plan is None or case.cluster is None or not case.num_gpus:
+        if case.plan is None or case.cluster is None or case.model is None \
+                or not case.num_gpus:
             continue
         settings[case.index], source[case.index] = setting_key(case), case.source_id
         pairs.append({"index": case.index, "status": "ok",
-                      "knobs": knobs(case.plan.model_dump()),
+                      "knobs": case_knobs(case),
                       "measured_tokens_per_gpu_s": tokens_per_gpu_s(
                           case, case.measured_step_time_s),
                       "predicted_tokens_per_gpu_s": tokens_per_gpu_s(
                           case, predicted[case.index])})
     out = pair_order(pairs, settings, "knobs")
-    by_source = {}
+    by_source: dict[str, Any] = {}
     for src in dict.fromkeys(source.values()):
         mine = pair_order([p for p in pairs if source[p["index"]] == src], settings, "knobs")
         if mine["pairs"]:

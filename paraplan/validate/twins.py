@@ -2,12 +2,13 @@
 
 A recipe's source often measured other plans of the same model on the same GPUs and software:
 MPT's tables sweep the micro-batch size, recomputation and GPU count; torchtitan's switch
-activation checkpointing on and off. Two measured rows of one source, model, GPU, trainer and
-training setup (every ``TrainingSpec`` field but the global batch: precision, sequence length,
-kernels, the trainer's run facts) differ only in their plans and GPU counts, so the ratio of
-their measured tokens/s per GPU is a measured answer to "how much faster is this plan than
-that one", against which the model's ratio for the same two rows can be held. Two checks come
-of it, both over ``validate-recipes`` rows:
+activation checkpointing and async TP on and off. Two measured rows of one source, model,
+cluster (node count aside), trainer and training setup (``setting_key``: every
+``TrainingSpec`` field but the global batch and the MoE run setting) differ only in their
+plans, GPU counts and global batches, so the ratio of their measured tokens/s per GPU is a
+measured answer to "how much faster is this plan than that one" (at those GPU counts and
+batches), against which the model's ratio for the same two rows can be held. Two checks come
+of it:
 
 - ``attach_twins``: for a recipe the search's #1 beats, the source's measurement of #1's own
   plan (``exact``: every knob equal, the GPU count may differ) or, failing that, of the plan
@@ -16,7 +17,8 @@ of it, both over ``validate-recipes`` rows:
   of #1 that this measurement implies: the predicted gain times the twin's measured over
   predicted ratio to the recipe, i.e. the model's own error on that very comparison taken out
   (for an exact twin at the recipe's GPU count it is the measured ratio itself).
-- ``pair_order``: over every two rows of one setting whose plans differ, how often the model
+- ``pair_order`` (``validate-recipes`` and ``validate-published``): over every two rows of
+  one setting whose plans differ, how often the model
   orders them as measured (pairs measured within ``TIE_FRACTION`` of each other are ties and
   not counted) and its median error on their throughput ratio. This is the accuracy a searcher
   relies on: it only ever compares plans.
@@ -34,6 +36,8 @@ import statistics
 from collections.abc import Hashable, Mapping
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
+
+from paraplan.search.moe_runs import MOE_RUN_FIELDS, run_label
 
 if TYPE_CHECKING:
     from paraplan.validate.published import PublishedCase
@@ -57,23 +61,43 @@ KNOB_FIELDS = (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
                ("virtual_stages", "vpp"), ("recompute", "recompute"))
 """(``ParallelPlan`` / ``StepReport.plan`` key, short name) of the knobs a search sets (dp
 follows from the GPU count and the other degrees)."""
+LAYOUT_FIELDS = (("tp_comm_overlap", "tp_overlap"), ("layers_per_stage", "layers"))
+"""Plan fields beside the knobs that also make two measured rows different plans (torchtitan's
+async-TP rows switch ``tp_comm_overlap``; a pipeline's layer split, as written)."""
+
+
+def knob_value(plan: Mapping[str, Any], key: str) -> Any:
+    """``plan[key]``, with an ``etp`` equal to the plan's tp written as None, as an unset one
+    runs (``ParallelPlan.etp``): None means the experts follow tp."""
+    if key == "etp" and plan.get("etp") == plan.get("tp"):
+        return None
+    return plan.get(key)
 
 
 def knobs(plan: Mapping[str, Any], run: str | None = None) -> dict[str, Any]:
-    """A plan's knobs by their short names (a ``ParallelPlan.model_dump()`` or
-    ``StepReport.plan``; dp left out), with the MoE run label as ``moe`` where there is one."""
-    out = {name: plan.get(key) for key, name in KNOB_FIELDS}
+    """What makes a plan this plan, by short names (a ``ParallelPlan.model_dump()`` or a
+    ``StepReport.plan``; dp left out): the knobs (``KNOB_FIELDS``) and ``LAYOUT_FIELDS``, with
+    the MoE run setting (``search.moe_runs.run_label``) as ``moe`` where there is one."""
+    out = {name: knob_value(plan, key) for key, name in KNOB_FIELDS + LAYOUT_FIELDS}
     if run is not None:
         out["moe"] = run
     return out
 
 
+def case_knobs(case: PublishedCase) -> dict[str, Any]:
+    """``knobs`` of a published row's plan, with its MoE run setting for an MoE model."""
+    return knobs(case.plan.model_dump(),
+                 run_label(case.training) if case.model.is_moe else None)
+
+
 def setting_key(case: PublishedCase) -> str:
-    """What two rows must share for their measured ratio to compare plans alone: source,
-    model, trainer, the cluster but for its node counts (GPU, links, NICs, regions) and every
-    ``TrainingSpec`` field but the global batch."""
-    training = case.training.model_dump(mode="json", exclude={"global_batch_size",
-                                                              "tokens_to_train"})
+    """What two rows must share for their measured ratio to compare plans: source, model,
+    trainer, the cluster but for its node counts (GPU, links, NICs, regions) and every
+    ``TrainingSpec`` field but the global batch and the MoE run setting (dispatcher,
+    all-to-all overlap, the dispatcher's SMs), which ``case_knobs`` counts as part of the
+    plan, as the search does."""
+    skip = {"global_batch_size", "tokens_to_train", "moe_dispatcher_sms", *MOE_RUN_FIELDS}
+    training = case.training.model_dump(mode="json", exclude=skip)
     cluster = case.cluster.model_dump(mode="json")
     for group in cluster["node_groups"]:
         group.pop("num_nodes", None)
@@ -90,7 +114,8 @@ def tokens_per_gpu_s(case: PublishedCase, step_s: float | None) -> float | None:
 
 
 def _ok(row: Mapping[str, Any]) -> bool:
-    return row.get("status") == "ok" and row.get("measured_tokens_per_gpu_s") is not None
+    return (row.get("status") == "ok" and row.get("measured_tokens_per_gpu_s") is not None
+            and row.get("predicted_tokens_per_gpu_s") is not None)
 
 
 def _without_mbs(knobs: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,12 +133,13 @@ def find_twin(row: Mapping[str, Any], rows: list[Mapping[str, Any]],
     ``MBS_FACTOR``), the nearest
     GPU count first among equals; with the ratios and the implied gain (module docstring).
     None where ``row`` is not a claim (#1 = the recipe's knobs) or nothing matches."""
-    if not _ok(row) or row["best_knobs"] == row["recipe_knobs"]:
+    if not _ok(row) or row["best_knobs"] == row["recipe_knobs"] or row["index"] not in settings:
         return None
-    key = settings.get(row["index"])
+    key = settings[row["index"]]
     # The recipe's own plan measured at another GPU count says nothing about #1's.
     peers = [s for s in rows if _ok(s) and s["index"] != row["index"]
-             and settings.get(s["index"]) == key and s["recipe_knobs"] != row["recipe_knobs"]]
+             and s["index"] in settings and settings[s["index"]] == key
+             and s["recipe_knobs"] != row["recipe_knobs"]]
     best = row["best_knobs"]
     kind, found = "exact", [s for s in peers if s["recipe_knobs"] == best]
     if not found:
@@ -142,26 +168,27 @@ def attach_twins(rows: list[dict[str, Any]], settings: Mapping[int, Hashable]
             row["measured_twin"] = find_twin(row, rows, settings)
     claims = [r for r in rows if r.get("status") == "ok" and r["gain"] > 1 + CLAIM_FRACTION]
     checked = [r for r in claims if r["measured_twin"] is not None]
-    confirmed = [r for r in checked
-                 if r["measured_twin"]["measured_gain"] > 1 + CLAIM_FRACTION]
+    confirmed = {r["index"] for r in checked
+                 if r["measured_twin"]["measured_gain"] > 1 + CLAIM_FRACTION}
     return {"claims": len(claims), "checked": len(checked),
             "exact": sum(r["measured_twin"]["kind"] == "exact" for r in checked),
             "confirmed": len(confirmed), "not_confirmed": len(checked) - len(confirmed),
-            "not_confirmed_rows": [r["index"] for r in checked if r not in confirmed]}
+            "not_confirmed_rows": [r["index"] for r in checked if r["index"] not in confirmed]}
 
 
 def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
                knobs_key: str = "recipe_knobs") -> dict[str, Any]:
-    """Every two ok rows of one setting whose knobs (``row[knobs_key]``) differ: ``pairs``;
-    ``decisive`` (measured apart by more than ``TIE_FRACTION``), ``agree`` (of those, the
-    model's faster one is the measured faster one), ``median_ratio_error_pct`` (over all
-    pairs, |predicted / measured throughput ratio - 1|), and the disagreeing pairs (index,
-    index)."""
+    """Every two ok rows of one setting whose plans (``row[knobs_key]``) differ: ``pairs``;
+    ``decisive`` (measured apart by more than ``TIE_FRACTION``); ``agree`` (of those, the
+    model's faster one is the measured faster one; a pair the model prices exactly alike is
+    neither, ``predicted_ties``); ``median_ratio_error_pct`` over all pairs, the error on the
+    pair's throughput ratio either way round (exp |ln(predicted / measured)| - 1); and the
+    disagreeing pairs (index, index)."""
     groups: dict[Hashable, list[Mapping[str, Any]]] = {}
     for row in rows:
         if _ok(row) and row["index"] in settings:
             groups.setdefault(settings[row["index"]], []).append(row)
-    pairs = decisive = agree = 0
+    pairs = decisive = agree = ties = 0
     errors: list[float] = []
     wrong: list[tuple[int, int]] = []
     for members in groups.values():
@@ -171,13 +198,16 @@ def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
             measured = a["measured_tokens_per_gpu_s"] / b["measured_tokens_per_gpu_s"]
             predicted = a["predicted_tokens_per_gpu_s"] / b["predicted_tokens_per_gpu_s"]
             pairs += 1
-            errors.append(abs(predicted / measured - 1.0))
-            if _log_gap(measured, 1.0) > math.log1p(TIE_FRACTION):
-                decisive += 1
-                if (predicted > 1.0) == (measured > 1.0):
-                    agree += 1
-                else:
-                    wrong.append((a["index"], b["index"]))
-    return {"pairs": pairs, "decisive": decisive, "agree": agree,
+            errors.append(math.expm1(_log_gap(predicted, measured)))
+            if _log_gap(measured, 1.0) <= math.log1p(TIE_FRACTION):
+                continue
+            decisive += 1
+            if predicted == 1.0:
+                ties += 1
+            elif (predicted > 1.0) == (measured > 1.0):
+                agree += 1
+            else:
+                wrong.append((a["index"], b["index"]))
+    return {"pairs": pairs, "decisive": decisive, "agree": agree, "predicted_ties": ties,
             "median_ratio_error_pct": 100.0 * statistics.median(errors) if errors else None,
             "disagree": wrong}
