@@ -13,15 +13,15 @@ of it:
 - ``attach_twins``: for a recipe the search's #1 beats, the source's measurement of #1's own
   plan (``exact``: every knob equal, the GPU count may differ) or, failing that, of the plan
   that differs from #1 only in its micro-batch size (``mbs``: the nearest size, within a
-  factor of ``MBS_FACTOR``), and the gain
-  of #1 that this measurement implies: the predicted gain times the twin's measured over
-  predicted ratio to the recipe, i.e. the model's own error on that very comparison taken out
-  (for an exact twin at the recipe's GPU count it is the measured ratio itself).
+  factor of ``MBS_FACTOR``), and the gain of #1 that this measurement implies: the predicted
+  gain times the twin's measured over predicted ratio to the recipe, i.e. the model's own
+  error on that very comparison taken out (for an exact twin at the recipe's GPU count it is
+  the measured ratio itself).
 - ``pair_order`` (``validate-recipes`` and ``validate-published``): over every two rows of
-  one setting whose plans differ, how often the model
-  orders them as measured (pairs measured within ``TIE_FRACTION`` of each other are ties and
-  not counted) and its median error on their throughput ratio. This is the accuracy a searcher
-  relies on: it only ever compares plans.
+  one setting whose plans differ, how often the model orders them as measured (pairs
+  measured within ``TIE_FRACTION`` of each other are ties and not counted) and its median
+  error on their throughput ratio. This is the accuracy a searcher relies on: it only ever
+  compares plans.
 
 Pure functions of the rows (``recipes.check_recipe``'s dicts: ``index``, ``status``,
 ``num_gpus``, ``gain``, ``recipe``, ``recipe_knobs``, ``best_knobs``,
@@ -130,9 +130,9 @@ def find_twin(row: Mapping[str, Any], rows: list[Mapping[str, Any]],
               settings: Mapping[int, Hashable]) -> dict[str, Any] | None:
     """The measured row of ``row``'s setting that ran the search's #1 plan (``exact``) or, if
     none did, #1's plan with another micro-batch size (``mbs``: the nearest size, within
-    ``MBS_FACTOR``), the nearest
-    GPU count first among equals; with the ratios and the implied gain (module docstring).
-    None where ``row`` is not a claim (#1 = the recipe's knobs) or nothing matches."""
+    ``MBS_FACTOR``), the nearest GPU count first among equals; with the ratios and the
+    implied gain (module docstring). None where ``row`` is not a claim (#1 = the recipe's
+    plan) or nothing matches."""
     if not _ok(row) or row["best_knobs"] == row["recipe_knobs"] or row["index"] not in settings:
         return None
     key = settings[row["index"]]
