@@ -206,6 +206,8 @@ def test_validate_published_pairs_are_all_ordered_right_by_a_uniformly_slow_pred
     pairs = out["pair_order"]
     assert pairs["agree"] == pairs["decisive"] and pairs["disagree"] == []
     assert pairs["median_ratio_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert pairs["pick"]["picked_best"] == pairs["pick"]["settings"] == 32
+    assert pairs["pick"]["worst"]["regret_pct"] == pytest.approx(0.0, abs=1e-9)
     # The bundled data's pairs: Korthikanti's selective vs full recomputation (2 models x 2),
     # torchtitan's AC / async-TP / schedule switches, NVIDIA's dispatcher / overlap re-runs
     # of one Qwen3-30B layout (4 runs: 6 pairs), MPT's sweeps, DT-FM's Megatron grid.
@@ -238,3 +240,27 @@ def test_the_model_orders_the_measured_plan_pairs_of_three_sources_as_measured()
         assert info["agree"] == info["decisive"] > 0, (src, info)
     assert pairs["disagree"] == []
     assert pairs["median_ratio_error_pct"] < 5.0
+    # ... so in each of their settings the model's fastest is the measured fastest.
+    assert pairs["pick"]["settings"] == 14 and pairs["pick"]["picked_best"] == 14
+
+
+def test_pick_regret_by_hand():
+    from paraplan.validate.twins import pick_regret
+
+    # Setting s: three plans; the model picks row 2 (predicted 1200), measured best is row 3.
+    a = _row(1, 8, _knobs(1), 1000.0, 1000.0)
+    b = _row(2, 8, _knobs(2), 900.0, 1200.0)
+    c = _row(3, 8, _knobs(4), 1200.0, 1100.0)
+    # Setting t: the model's pick is measured 1% below the best: a tie, picked right.
+    d = _row(4, 8, _knobs(1), 1000.0, 1000.0)
+    e = _row(5, 8, _knobs(2), 990.0, 1050.0)
+    # Setting u: one plan at two GPU counts - nothing to pick between.
+    f = _row(6, 8, _knobs(1), 1000.0, 900.0)
+    g = _row(7, 16, _knobs(1), 950.0, 800.0)
+    settings = {1: "s", 2: "s", 3: "s", 4: "t", 5: "t", 6: "u", 7: "u"}
+    out = pick_regret([a, b, c, d, e, f, g], settings)
+    assert out["settings"] == 2 and out["picked_best"] == 1
+    assert out["worst"] == {"picked": 2, "best": 3, "regret_pct": pytest.approx(25.0)}
+    assert out["median_regret_pct"] == pytest.approx((25.0 + 1.0) / 2)
+    assert pick_regret([f, g], settings) == {"settings": 0, "picked_best": 0,
+                                             "median_regret_pct": None, "worst": None}

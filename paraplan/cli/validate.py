@@ -130,6 +130,12 @@ def _print_validation(out: Console, result: dict[str, Any]) -> None:
                   + ", ".join(f"{src} {info['agree']}/{info['decisive']}"
                               for src, info in pairs["by_source"].items())
                   + f"); median error on a pair's ratio {pairs['median_ratio_error_pct']:.1f}%")
+        pick = pairs["pick"]
+        out.print(f"in {pick['picked_best']} of the {pick['settings']} settings with two or "
+                  "more measured plans the model's fastest is the measured fastest (within 2%); "
+                  f"its pick gives up a median {pick['median_regret_pct']:.1f}%, at most "
+                  f"{pick['worst']['regret_pct']:.1f}% (row #{pick['worst']['picked']} for "
+                  f"#{pick['worst']['best']})")
     skipped = [r for r in result["rows"] if r["status"] != "ok"]
     if skipped:
         out.print(f"{len(skipped)} rows not predicted:")
@@ -214,7 +220,9 @@ def validate_recipes_cmd(
                 f"plans the sources measured in the same setting: the model orders "
                 f"{pairs['agree']} of {pairs['decisive']} pairs measured more than 2% apart "
                 f"as measured ({pairs['pairs']} pairs; median error on their ratio "
-                f"{pairs['median_ratio_error_pct']:.1f}%).")
+                f"{pairs['median_ratio_error_pct']:.1f}%); its fastest is the measured fastest "
+                f"in {pairs['pick']['picked_best']} of {pairs['pick']['settings']} settings "
+                f"(at most {pairs['pick']['worst']['regret_pct']:.1f}% given up).")
         if result["changed_beyond_5pct"]:
             console().print("knobs #1 changes where it claims more than 5%: " + ", ".join(
                 f"{k} {n}x" for k, n in result["changed_beyond_5pct"].items()))

@@ -60,6 +60,7 @@ from paraplan.validate.twins import (
     knob_value,
     knobs,
     pair_order,
+    pick_regret,
     setting_key,
     tokens_per_gpu_s,
 )
@@ -263,5 +264,5 @@ def validate_recipes(sources: tuple[str, ...] = RECIPE_SOURCES,
         "within_5pct": sum(g <= 1.05 for g in gains),
         "tight_beyond_5pct": tight,
         "measured_twins": attach_twins(rows, settings),
-        "pair_order": pair_order(rows, settings),
+        "pair_order": {**pair_order(rows, settings), "pick": pick_regret(rows, settings)},
     }

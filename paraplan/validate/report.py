@@ -21,7 +21,13 @@ from paraplan.validate.published import (
     load_published_memory,
     load_published_throughput,
 )
-from paraplan.validate.twins import case_knobs, pair_order, setting_key, tokens_per_gpu_s
+from paraplan.validate.twins import (
+    case_knobs,
+    pair_order,
+    pick_regret,
+    setting_key,
+    tokens_per_gpu_s,
+)
 
 Prediction = tuple[float | None, str | None, bool]
 
@@ -165,10 +171,12 @@ def _pair_order(cases: list[PublishedCase], rows: list[dict[str, Any]]) -> dict[
     out = pair_order(pairs, settings, "knobs")
     by_source: dict[str, Any] = {}
     for src in dict.fromkeys(source.values()):
-        mine = pair_order([p for p in pairs if source[p["index"]] == src], settings, "knobs")
+        subset = [p for p in pairs if source[p["index"]] == src]
+        mine = pair_order(subset, settings, "knobs")
         if mine["pairs"]:
-            by_source[src] = {k: v for k, v in mine.items() if k != "disagree"}
-    return {**out, "by_source": by_source}
+            by_source[src] = {**{k: v for k, v in mine.items() if k != "disagree"},
+                              "pick": pick_regret(subset, settings, "knobs")}
+    return {**out, "pick": pick_regret(pairs, settings, "knobs"), "by_source": by_source}
 
 
 def validate_memory(path: str | Path | None,

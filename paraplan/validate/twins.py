@@ -211,3 +211,36 @@ def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
     return {"pairs": pairs, "decisive": decisive, "agree": agree, "predicted_ties": ties,
             "median_ratio_error_pct": 100.0 * statistics.median(errors) if errors else None,
             "disagree": wrong}
+
+
+def pick_regret(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
+                knobs_key: str = "recipe_knobs") -> dict[str, Any]:
+    """The search's question on what a source measured: in every setting with two or more
+    measured plans (``pair_order``'s groups), is the row the model predicts fastest per GPU
+    the measured fastest, and if not, how much measured throughput does that pick give up
+    (``regret`` = 1 - measured tokens/s/GPU of the pick / of the measured best)?
+
+    ``settings`` (groups), ``picked_best`` (the pick is the measured best, or measured within
+    ``TIE_FRACTION`` of it), ``median_regret_pct`` and ``worst`` (the largest regret: the
+    picked and the best rows' indices and the regret in percent; None without groups)."""
+    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if _ok(row) and row["index"] in settings:
+            groups.setdefault(settings[row["index"]], []).append(row)
+    regrets: list[tuple[float, int, int]] = []
+    for members in groups.values():
+        plans = {json.dumps(r[knobs_key], sort_keys=True, default=str) for r in members}
+        if len(plans) < 2:
+            continue
+        members = sorted(members, key=lambda r: r["index"])
+        best = max(members, key=lambda r: r["measured_tokens_per_gpu_s"])
+        pick = max(members, key=lambda r: r["predicted_tokens_per_gpu_s"])
+        regret = 1.0 - pick["measured_tokens_per_gpu_s"] / best["measured_tokens_per_gpu_s"]
+        regrets.append((regret, pick["index"], best["index"]))
+    if not regrets:
+        return {"settings": 0, "picked_best": 0, "median_regret_pct": None, "worst": None}
+    worst = max(regrets)
+    return {"settings": len(regrets),
+            "picked_best": sum(r <= TIE_FRACTION / (1 + TIE_FRACTION) for r, _, _ in regrets),
+            "median_regret_pct": 100.0 * statistics.median(r for r, _, _ in regrets),
+            "worst": {"picked": worst[1], "best": worst[2], "regret_pct": 100.0 * worst[0]}}
