@@ -134,7 +134,8 @@ def validate_published(path: str | Path | None,
     convention-free figure (for a tokens/s row the error on tokens/s would be
     -error / (1 + error)). MAPE is over rows with status "ok" only.
     """
-    rows, cases = [], []
+    rows: list[dict[str, Any]] = []
+    predicted: list[tuple[PublishedCase, float | None]] = []
     for case in load_published_throughput(path):
         row = _row(case, measured_step_time_s=case.measured_step_time_s,
                    predicted_step_time_s=None)
@@ -148,16 +149,16 @@ def validate_published(path: str | Path | None,
                                                              case.shape)
         rows.append(row)
         if row["status"] == "ok":
-            cases.append(case)
-    return {**_summary(rows, "step_time_s"), "pair_order": _pair_order(cases, rows)}
+            predicted.append((case, row["predicted_step_time_s"]))
+    return {**_summary(rows, "step_time_s"), "pair_order": _pair_order(predicted)}
 
 
-def _pair_order(cases: list[PublishedCase], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``twins.pair_order`` over the predicted rows (every two measured plans of one setting:
-    does the model order them as measured?), overall and per source."""
-    predicted = {r["index"]: r["predicted_step_time_s"] for r in rows if r["status"] == "ok"}
+def _pair_order(predicted: list[tuple[PublishedCase, float | None]]) -> dict[str, Any]:
+    """``twins.pair_order`` over the predicted rows, (case, predicted seconds per step) each
+    (every two measured plans of one setting: does the model order them as measured?),
+    overall and per source."""
     pairs, settings, source = [], {}, {}
-    for case in cases:
+    for case, step_s in predicted:
         if case.plan is None or case.cluster is None or case.model is None \
                 or not case.num_gpus:
             continue
@@ -166,8 +167,7 @@ def _pair_order(cases: list[PublishedCase], rows: list[dict[str, Any]]) -> dict[
                       "knobs": case_knobs(case),
                       "measured_tokens_per_gpu_s": tokens_per_gpu_s(
                           case, case.measured_step_time_s),
-                      "predicted_tokens_per_gpu_s": tokens_per_gpu_s(
-                          case, predicted[case.index])})
+                      "predicted_tokens_per_gpu_s": tokens_per_gpu_s(case, step_s)})
     out = pair_order(pairs, settings, "knobs")
     by_source: dict[str, Any] = {}
     for src in dict.fromkeys(source.values()):

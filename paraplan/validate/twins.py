@@ -176,6 +176,16 @@ def attach_twins(rows: list[dict[str, Any]], settings: Mapping[int, Hashable]
             "not_confirmed_rows": [r["index"] for r in checked if r["index"] not in confirmed]}
 
 
+def _groups(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable]
+            ) -> list[list[Mapping[str, Any]]]:
+    """The ok rows (``_ok``) of each setting, by row index (``pair_order``, ``pick_regret``)."""
+    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: r["index"]):
+        if _ok(row) and row["index"] in settings:
+            groups.setdefault(settings[row["index"]], []).append(row)
+    return list(groups.values())
+
+
 def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
                knobs_key: str = "recipe_knobs") -> dict[str, Any]:
     """Every two ok rows of one setting whose plans (``row[knobs_key]``) differ: ``pairs``;
@@ -184,15 +194,11 @@ def pair_order(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
     neither, ``predicted_ties``); ``median_ratio_error_pct`` over all pairs, the error on the
     pair's throughput ratio either way round (exp |ln(predicted / measured)| - 1); and the
     disagreeing pairs (index, index)."""
-    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        if _ok(row) and row["index"] in settings:
-            groups.setdefault(settings[row["index"]], []).append(row)
     pairs = decisive = agree = ties = 0
     errors: list[float] = []
     wrong: list[tuple[int, int]] = []
-    for members in groups.values():
-        for a, b in combinations(sorted(members, key=lambda r: r["index"]), 2):
+    for members in _groups(rows, settings):
+        for a, b in combinations(members, 2):
             if a[knobs_key] == b[knobs_key]:
                 continue
             measured = a["measured_tokens_per_gpu_s"] / b["measured_tokens_per_gpu_s"]
@@ -223,16 +229,11 @@ def pick_regret(rows: list[Mapping[str, Any]], settings: Mapping[int, Hashable],
     ``settings`` (groups), ``picked_best`` (the pick is the measured best, or measured within
     ``TIE_FRACTION`` of it), ``median_regret_pct`` and ``worst`` (the largest regret: the
     picked and the best rows' indices and the regret in percent; None without groups)."""
-    groups: dict[Hashable, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        if _ok(row) and row["index"] in settings:
-            groups.setdefault(settings[row["index"]], []).append(row)
     regrets: list[tuple[float, int, int]] = []
-    for members in groups.values():
+    for members in _groups(rows, settings):
         plans = {json.dumps(r[knobs_key], sort_keys=True, default=str) for r in members}
         if len(plans) < 2:
             continue
-        members = sorted(members, key=lambda r: r["index"])
         best = max(members, key=lambda r: r["measured_tokens_per_gpu_s"])
         pick = max(members, key=lambda r: r["predicted_tokens_per_gpu_s"])
         regret = 1.0 - pick["measured_tokens_per_gpu_s"] / best["measured_tokens_per_gpu_s"]
